@@ -1,0 +1,233 @@
+//! Account access authorization: `contact_grant` and `contact_invite`.
+//!
+//! Stateless checks live here (signature, network, binding, validity
+//! window); revocation and use counts are the engine's state.
+
+use super::field::{FieldError, Fields};
+use super::identity::AccountId;
+use super::json::Object;
+use super::route::Route;
+use super::signature::{SignatureError, SignedObject};
+
+/// A parsed `contact_grant`: the grantor (recipient) lets the grantee (sender) deliver.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContactGrant {
+    raw: Object,
+    sig: [u8; 64],
+    pub network: String,
+    pub grant_id: String,
+    pub grantor: AccountId,
+    pub grantee: AccountId,
+    pub issued_at: u64,
+    pub expires_at: Option<u64>,
+    pub route: Option<Route>,
+}
+
+/// A parsed `contact_invite`: anyone holding it may deliver to the issuer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContactInvite {
+    raw: Object,
+    sig: [u8; 64],
+    pub network: String,
+    pub invite_id: String,
+    pub issuer: AccountId,
+    pub issued_at: u64,
+    pub expires_at: u64,
+    pub max_uses: Option<u64>,
+    pub route: Option<Route>,
+}
+
+/// The `authorization` member of message.send and message.deliver.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Authorization {
+    Grant(ContactGrant),
+    Invite(ContactInvite),
+}
+
+/// Why an authorization does not let `from` deliver to `to`; `authorization_invalid` on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthorizationError {
+    WrongNetwork,
+    /// Not issued by the recipient, or (a grant) not to the sender.
+    Binding,
+    Signature(SignatureError),
+    /// The embedded route is not the issuer's valid route.
+    Route,
+    /// Issued beyond now + tolerance.
+    NotYetValid,
+    Expired,
+    Revoked,
+    /// An invite used by `max_uses` other sender accounts.
+    UsedUp,
+}
+
+impl std::fmt::Display for AuthorizationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            AuthorizationError::WrongNetwork => "authorization is for another network",
+            AuthorizationError::Binding => {
+                "authorization is not from the recipient account to the sender"
+            }
+            AuthorizationError::Signature(_) => "authorization signature does not verify",
+            AuthorizationError::Route => "authorization route is not the issuer's valid route",
+            AuthorizationError::NotYetValid => "authorization issued_at is in the future",
+            AuthorizationError::Expired => "authorization has expired",
+            AuthorizationError::Revoked => "authorization has been revoked",
+            AuthorizationError::UsedUp => "invite has been used by max_uses accounts",
+        };
+        f.write_str(s)
+    }
+}
+
+impl std::error::Error for AuthorizationError {}
+
+impl From<AuthorizationError> for crate::Error {
+    fn from(e: AuthorizationError) -> crate::Error {
+        crate::Error::new(crate::ErrorCode::AuthorizationInvalid, e.to_string())
+    }
+}
+
+fn opt_route(f: &Fields<'_>) -> Result<Option<Route>, FieldError> {
+    f.opt_object("route")?
+        .map(|o| Route::parse(o.clone()).map_err(|e| e.within("route")))
+        .transpose()
+}
+
+impl ContactGrant {
+    /// Parses the object constraints; no signature check.
+    pub fn parse(raw: Object) -> Result<ContactGrant, FieldError> {
+        let f = Fields::new(&raw);
+        f.expect_type(Self::TYPE)?;
+        Ok(ContactGrant {
+            network: f.network()?,
+            grant_id: f.random_id("grant_id")?,
+            grantor: f.account("grantor")?,
+            grantee: f.account("grantee")?,
+            issued_at: f.int("issued_at")?,
+            expires_at: f.opt_int("expires_at")?,
+            route: opt_route(&f)?,
+            sig: f.sig()?,
+            raw,
+        })
+    }
+}
+
+impl ContactInvite {
+    /// Parses the object constraints; no signature check.
+    pub fn parse(raw: Object) -> Result<ContactInvite, FieldError> {
+        let f = Fields::new(&raw);
+        f.expect_type(Self::TYPE)?;
+        let max_uses = f.opt_int("max_uses")?;
+        if max_uses == Some(0) {
+            return Err(FieldError::invalid("max_uses", "must be at least 1"));
+        }
+        Ok(ContactInvite {
+            network: f.network()?,
+            invite_id: f.random_id("invite_id")?,
+            issuer: f.account("issuer")?,
+            issued_at: f.int("issued_at")?,
+            expires_at: f.int("expires_at")?,
+            max_uses,
+            route: opt_route(&f)?,
+            sig: f.sig()?,
+            raw,
+        })
+    }
+}
+
+impl Authorization {
+    /// Parses a grant or an invite, told apart by `type`.
+    pub fn parse(raw: Object) -> Result<Authorization, FieldError> {
+        match Fields::new(&raw).str("type")? {
+            ContactGrant::TYPE => ContactGrant::parse(raw).map(Authorization::Grant),
+            ContactInvite::TYPE => ContactInvite::parse(raw).map(Authorization::Invite),
+            other => Err(FieldError::invalid(
+                "type",
+                format!("expected \"contact_grant\" or \"contact_invite\", got {other:?}"),
+            )),
+        }
+    }
+
+    /// The account that issued it (must be the recipient).
+    pub fn issuer(&self) -> &AccountId {
+        match self {
+            Authorization::Grant(g) => &g.grantor,
+            Authorization::Invite(i) => &i.issuer,
+        }
+    }
+
+    /// `grant_id` or `invite_id`.
+    pub fn id(&self) -> &str {
+        match self {
+            Authorization::Grant(g) => &g.grant_id,
+            Authorization::Invite(i) => &i.invite_id,
+        }
+    }
+
+    /// The object as received.
+    pub fn raw(&self) -> &Object {
+        match self {
+            Authorization::Grant(g) => g.raw(),
+            Authorization::Invite(i) => i.raw(),
+        }
+    }
+
+    /// Stateless checks for a delivery from `from` to `to` at time `now`.
+    pub fn verify(
+        &self,
+        network: &str,
+        from: &AccountId,
+        to: &AccountId,
+        now: u64,
+        tolerance: u64,
+    ) -> Result<(), AuthorizationError> {
+        let (net, issued_at, expires_at, route) = match self {
+            Authorization::Grant(g) => (&g.network, g.issued_at, g.expires_at, &g.route),
+            Authorization::Invite(i) => (&i.network, i.issued_at, Some(i.expires_at), &i.route),
+        };
+        if net != network {
+            return Err(AuthorizationError::WrongNetwork);
+        }
+        if self.issuer() != to {
+            return Err(AuthorizationError::Binding);
+        }
+        if let Authorization::Grant(g) = self {
+            if &g.grantee != from {
+                return Err(AuthorizationError::Binding);
+            }
+        }
+        let sig = match self {
+            Authorization::Grant(g) => g.verify_signature(g.grantor.key()),
+            Authorization::Invite(i) => i.verify_signature(i.issuer.key()),
+        };
+        sig.map_err(AuthorizationError::Signature)?;
+        if let Some(r) = route {
+            if &r.account != self.issuer() || r.verify(network).is_err() {
+                return Err(AuthorizationError::Route);
+            }
+        }
+        if issued_at > now.saturating_add(tolerance) {
+            return Err(AuthorizationError::NotYetValid);
+        }
+        if expires_at.is_some_and(|e| now >= e) {
+            return Err(AuthorizationError::Expired);
+        }
+        Ok(())
+    }
+}
+
+macro_rules! signed {
+    ($t:ty, $name:literal) => {
+        impl SignedObject for $t {
+            const TYPE: &'static str = $name;
+            fn raw(&self) -> &Object {
+                &self.raw
+            }
+            fn sig(&self) -> &[u8; 64] {
+                &self.sig
+            }
+        }
+    };
+}
+signed!(ContactGrant, "contact_grant");
+signed!(ContactInvite, "contact_invite");

@@ -1,0 +1,147 @@
+//! Canonical JSON, RFC 8785 (JCS): the bytes that are hashed and signed.
+//!
+//! Members are sorted by their keys' UTF-16 code units, strings use the
+//! minimal JSON escapes, and numbers use ECMAScript's Number-to-String
+//! (via `ryu-js`), so every host of the core produces the same bytes.
+
+use super::json::{Number, Object, Value};
+use std::cmp::Ordering;
+
+/// The canonical form of `value`.
+pub fn to_vec(value: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    write_value(value, &mut out);
+    out
+}
+
+/// The canonical form of `value` as a string.
+pub fn to_string(value: &Value) -> String {
+    // Canonical output is built from UTF-8 strings and ASCII punctuation only.
+    String::from_utf8(to_vec(value)).unwrap_or_default()
+}
+
+/// The canonical form of `object`.
+pub fn object_to_vec(object: &Object) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    write_object(object, None, &mut out);
+    out
+}
+
+/// Appends the canonical form of `object` without its member `skip` (used for signing input).
+pub fn write_object_without(object: &Object, skip: &str, out: &mut Vec<u8>) {
+    write_object(object, Some(skip), out);
+}
+
+/// Appends the canonical form of `value` to `out`.
+pub fn write_value(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(n) => write_number(*n, out),
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_value(item, out);
+            }
+            out.push(b']');
+        }
+        Value::Object(o) => write_object(o, None, out),
+    }
+}
+
+fn write_object(object: &Object, skip: Option<&str>, out: &mut Vec<u8>) {
+    let mut members: Vec<(&str, &Value)> =
+        object.iter().filter(|(k, _)| Some(*k) != skip).collect();
+    members.sort_unstable_by(|a, b| utf16_cmp(a.0, b.0));
+    out.push(b'{');
+    for (i, (k, v)) in members.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(k, out);
+        out.push(b':');
+        write_value(v, out);
+    }
+    out.push(b'}');
+}
+
+/// Orders keys by UTF-16 code units, as RFC 8785 §3.2.3 requires.
+pub fn utf16_cmp(a: &str, b: &str) -> Ordering {
+    // Byte order equals code-point order, which equals UTF-16 order unless a
+    // supplementary character meets one in U+E000..U+FFFF; ASCII keys (the
+    // common case) take the fast path.
+    if a.is_ascii() && b.is_ascii() {
+        return a.cmp(b);
+    }
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+fn write_number(n: Number, out: &mut Vec<u8>) {
+    match n {
+        Number::Int(u) if u <= super::json::MAX_SAFE_INTEGER => {
+            write_u64(u, out);
+        }
+        _ => {
+            let f = n.as_f64();
+            if f == 0.0 {
+                // -0 serializes as 0 in ECMAScript.
+                out.push(b'0');
+            } else {
+                let mut buf = ryu_js::Buffer::new();
+                out.extend_from_slice(buf.format_finite(f).as_bytes());
+            }
+        }
+    }
+}
+
+fn write_u64(mut u: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (u % 10) as u8;
+        u /= 10;
+        if u == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// Appends `s` as a JSON string with RFC 8785's escaping.
+pub fn write_string(s: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x09 => b"\\t",
+            0x0a => b"\\n",
+            0x0c => b"\\f",
+            0x0d => b"\\r",
+            0x00..=0x1f => {
+                out.extend_from_slice(&bytes[start..i]);
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[(b >> 4) as usize]);
+                out.push(HEX[(b & 0xf) as usize]);
+                start = i + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(esc);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}

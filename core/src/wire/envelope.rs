@@ -1,0 +1,92 @@
+//! `message_envelope`: the immutable, device-signed message.
+
+use super::certificate::DeviceCertificate;
+use super::field::{FieldError, Fields};
+use super::identity::{AccountId, DeviceId};
+use super::json::Object;
+use super::signature::{SignatureError, SignedObject};
+
+/// A parsed `message_envelope`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MessageEnvelope {
+    raw: Object,
+    sig: [u8; 64],
+    pub network: String,
+    pub message_id: String,
+    pub from: AccountId,
+    pub from_device_id: DeviceId,
+    pub to: AccountId,
+    pub created_at: u64,
+    pub body_expires_at: Option<u64>,
+}
+
+/// Why an envelope does not match the certificate offered for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnvelopeError {
+    /// The certificate is not for `from` / `from_device_id`.
+    CertificateMismatch,
+    /// The device signature does not verify.
+    Signature(SignatureError),
+}
+
+impl std::fmt::Display for EnvelopeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EnvelopeError::CertificateMismatch => f.write_str(
+                "the device certificate does not match the envelope's from and from_device_id",
+            ),
+            EnvelopeError::Signature(e) => write!(f, "envelope signature: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for EnvelopeError {}
+
+impl From<EnvelopeError> for crate::Error {
+    fn from(e: EnvelopeError) -> crate::Error {
+        let code = match e {
+            EnvelopeError::CertificateMismatch => crate::ErrorCode::InvalidCertificate,
+            EnvelopeError::Signature(_) => crate::ErrorCode::InvalidSignature,
+        };
+        crate::Error::new(code, e.to_string())
+    }
+}
+
+impl MessageEnvelope {
+    /// Parses the object constraints; no signature check.
+    pub fn parse(raw: Object) -> Result<MessageEnvelope, FieldError> {
+        let f = Fields::new(&raw);
+        f.expect_type(Self::TYPE)?;
+        f.object("body")?;
+        Ok(MessageEnvelope {
+            network: f.network()?,
+            message_id: f.random_id("message_id")?,
+            from: f.account("from")?,
+            from_device_id: f.device_id("from_device_id")?,
+            to: f.account("to")?,
+            created_at: f.int("created_at")?,
+            body_expires_at: f.opt_int("body_expires_at")?,
+            sig: f.sig()?,
+            raw,
+        })
+    }
+
+    /// Checks the certificate names this envelope's sender and verifies the device signature.
+    pub fn verify_with(&self, cert: &DeviceCertificate) -> Result<(), EnvelopeError> {
+        if cert.account != self.from || cert.device_id != self.from_device_id {
+            return Err(EnvelopeError::CertificateMismatch);
+        }
+        self.verify_signature(&cert.device_key)
+            .map_err(EnvelopeError::Signature)
+    }
+}
+
+impl SignedObject for MessageEnvelope {
+    const TYPE: &'static str = "message_envelope";
+    fn raw(&self) -> &Object {
+        &self.raw
+    }
+    fn sig(&self) -> &[u8; 64] {
+        &self.sig
+    }
+}

@@ -1,0 +1,14 @@
+//! The wire format: strict JSON, canonical form, encodings, identities, objects, signatures.
+
+pub mod authorization;
+pub mod base64url;
+pub mod canonical;
+pub mod certificate;
+pub mod envelope;
+pub mod field;
+pub mod identity;
+pub mod json;
+pub mod key_box;
+pub mod route;
+pub mod session_open;
+pub mod signature;

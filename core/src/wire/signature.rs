@@ -1,0 +1,93 @@
+//! The signing rule of protocol.md §1 and strict Ed25519 verification.
+//!
+//! A signature covers `"relay-v1:" + type + "\n" + JCS(object without "sig")`,
+//! unknown members included. Verification is ed25519-dalek's
+//! `verify_strict`: non-canonical S, small-order keys and small-order R are
+//! rejected, so a signature has one valid form and keys cannot be weak.
+
+use super::canonical;
+use super::field::{FieldError, Fields};
+use super::json::Object;
+use ed25519_dalek::{Signature, VerifyingKey};
+use std::fmt;
+
+/// The domain-separation prefix of every signature.
+pub const DOMAIN: &str = "relay-v1:";
+
+/// Why a signature does not verify; `invalid_signature` on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignatureError {
+    /// The public key is not a valid point encoding.
+    InvalidKey,
+    /// The signature is not a strict Ed25519 signature of the input under the key.
+    Mismatch,
+}
+
+impl fmt::Display for SignatureError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SignatureError::InvalidKey => f.write_str("the signing key is not a valid Ed25519 key"),
+            SignatureError::Mismatch => f.write_str("the signature does not verify"),
+        }
+    }
+}
+
+impl std::error::Error for SignatureError {}
+
+impl From<SignatureError> for crate::Error {
+    fn from(e: SignatureError) -> crate::Error {
+        crate::Error::new(crate::ErrorCode::InvalidSignature, e.to_string())
+    }
+}
+
+/// The bytes a signature of `object` (of type `type_`) covers.
+pub fn signing_input(type_: &str, object: &Object) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(DOMAIN.as_bytes());
+    out.extend_from_slice(type_.as_bytes());
+    out.push(b'\n');
+    canonical::write_object_without(object, "sig", &mut out);
+    out
+}
+
+/// Strict Ed25519 verification of `sig` over `msg` under `key`.
+pub fn verify_strict(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Result<(), SignatureError> {
+    let vk = VerifyingKey::from_bytes(key).map_err(|_| SignatureError::InvalidKey)?;
+    let sig = Signature::from_bytes(sig);
+    vk.verify_strict(msg, &sig)
+        .map_err(|_| SignatureError::Mismatch)
+}
+
+/// A protocol object signed by the signing rule.
+pub trait SignedObject {
+    /// The object's `type` member.
+    const TYPE: &'static str;
+
+    /// The object as received, unknown members included.
+    fn raw(&self) -> &Object;
+
+    /// The decoded `sig` member.
+    fn sig(&self) -> &[u8; 64];
+
+    /// What the signature covers.
+    fn signing_input(&self) -> Vec<u8> {
+        signing_input(Self::TYPE, self.raw())
+    }
+
+    /// Verifies the signature under `key`.
+    fn verify_signature(&self, key: &[u8; 32]) -> Result<(), SignatureError> {
+        verify_strict(key, &self.signing_input(), self.sig())
+    }
+
+    /// The object's canonical form.
+    fn canonical(&self) -> Vec<u8> {
+        canonical::object_to_vec(self.raw())
+    }
+}
+
+impl<'a> Fields<'a> {
+    /// The `sig` member: a 64-byte signature.
+    pub fn sig(&self) -> Result<[u8; 64], FieldError> {
+        self.fixed::<64>("sig")
+    }
+}
