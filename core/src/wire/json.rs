@@ -89,7 +89,7 @@ impl Object {
     }
 
     /// Members in input order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&str, &Value)> + ExactSizeIterator {
         self.members.iter().map(|(k, v)| (k.as_str(), v))
     }
 
