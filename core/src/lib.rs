@@ -12,3 +12,4 @@ pub mod wire;
 pub mod client;
 
 pub use error::{Error, ErrorCode};
+pub mod engine;

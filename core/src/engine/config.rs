@@ -1,0 +1,100 @@
+//! A relay's identity and policies (protocol.md §7), plus the engine's own tunables.
+
+use crate::wire::identity::RelayId;
+use serde::{Deserialize, Serialize};
+
+/// Policies published in `/.well-known/relay`; durations in milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Policies {
+    pub clock_tolerance: u64,
+    pub message_delivery_age_limit: u64,
+    pub message_retention: u64,
+    pub max_request_bytes: u64,
+    pub max_boxes: u64,
+    pub max_devices: u64,
+    pub retry_initial: u64,
+    pub retry_max: u64,
+    /// Per account per minute.
+    pub send_rate: u64,
+    /// Per source relay per minute.
+    pub deliver_rate: u64,
+    /// Per recipient account per minute.
+    pub deliver_rate_per_account: u64,
+    pub session_ttl: u64,
+}
+
+impl Default for Policies {
+    fn default() -> Policies {
+        Policies {
+            clock_tolerance: 300_000,
+            message_delivery_age_limit: 604_800_000,
+            message_retention: 2_592_000_000,
+            max_request_bytes: 262_144,
+            max_boxes: 64,
+            max_devices: 64,
+            retry_initial: 1_000,
+            retry_max: 600_000,
+            send_rate: 600,
+            deliver_rate: 60_000,
+            deliver_rate_per_account: 600,
+            session_ttl: 86_400_000,
+        }
+    }
+}
+
+impl Policies {
+    /// Sets one policy by its protocol name (`--policy NAME=VALUE`).
+    pub fn set(&mut self, name: &str, value: u64) -> Result<(), String> {
+        let slot = match name {
+            "clock_tolerance" => &mut self.clock_tolerance,
+            "message_delivery_age_limit" => &mut self.message_delivery_age_limit,
+            "message_retention" => &mut self.message_retention,
+            "max_request_bytes" => &mut self.max_request_bytes,
+            "max_boxes" => &mut self.max_boxes,
+            "max_devices" => &mut self.max_devices,
+            "retry_initial" => &mut self.retry_initial,
+            "retry_max" => &mut self.retry_max,
+            "send_rate" => &mut self.send_rate,
+            "deliver_rate" => &mut self.deliver_rate,
+            "deliver_rate_per_account" => &mut self.deliver_rate_per_account,
+            "session_ttl" => &mut self.session_ttl,
+            _ => return Err(format!("unknown policy {name:?}")),
+        };
+        *slot = value;
+        if self.retry_initial == 0 || self.retry_max < self.retry_initial {
+            return Err("retry_initial must be at least 1 and at most retry_max".into());
+        }
+        Ok(())
+    }
+}
+
+/// Everything an engine needs to know about the relay it runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// This relay's id (its origin URL).
+    pub relay: RelayId,
+    /// The network it serves.
+    pub network: String,
+    pub policies: Policies,
+    /// How long an attempt may stay unanswered before it counts as an unknown outcome.
+    pub attempt_timeout: u64,
+    /// At most this many attempts in flight to one destination; the rest wait their turn.
+    pub max_in_flight_per_destination: u32,
+    /// At most this many due deliveries started per tick (a further tick is requested at once).
+    pub tick_batch: usize,
+}
+
+impl Config {
+    /// A configuration with default policies.
+    pub fn new(relay: RelayId, network: &str) -> Config {
+        Config {
+            relay,
+            network: network.to_string(),
+            policies: Policies::default(),
+            attempt_timeout: 30_000,
+            max_in_flight_per_destination: 16,
+            tick_batch: 512,
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! One operation in progress: its transaction, its time, its effects; and the helpers every method shares.
+
+use super::keyspace as k;
+use super::records::{DeviceRec, RouteRec};
+use super::storage::{Storage, StorageError};
+use super::txn::Txn;
+use super::{Caller, Config, Effect, Entropy};
+use crate::wire::json::{self, Object, Value};
+use crate::{Error, ErrorCode};
+
+/// The state of one operation.
+pub(crate) struct Ctx<'a, S: Storage, E: Entropy> {
+    pub cfg: &'a Config,
+    pub txn: Txn<'a, S>,
+    pub entropy: &'a mut E,
+    pub now: u64,
+    pub effects: Vec<Effect>,
+    /// Whether the due or gc index changed (then a new wake-up time is reported).
+    pub rescheduled: bool,
+}
+
+impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
+    pub(crate) fn new(cfg: &'a Config, store: &'a mut S, entropy: &'a mut E, now: u64) -> Self {
+        Ctx {
+            cfg,
+            txn: Txn::new(store),
+            entropy,
+            now,
+            effects: Vec::new(),
+            rescheduled: false,
+        }
+    }
+
+    /// Commits on success; on any error (or a failed commit) nothing is written and no effect escapes.
+    pub(crate) fn finish(
+        self,
+        result: Result<Value, Error>,
+    ) -> (Result<Value, Error>, Vec<Effect>) {
+        let Ctx {
+            txn,
+            mut effects,
+            rescheduled,
+            ..
+        } = self;
+        let value = match result {
+            Ok(v) => v,
+            Err(e) => return (Err(e), Vec::new()),
+        };
+        let store = match txn.commit_returning_store() {
+            Ok(store) => store,
+            Err(e) => return (Err(e.into()), Vec::new()),
+        };
+        if rescheduled {
+            if let Ok(Some(at)) = next_wake(store) {
+                effects.push(Effect::WakeAt(at));
+            }
+        }
+        (Ok(value), effects)
+    }
+
+    /// Routes a call to its method.
+    pub(crate) fn dispatch(
+        &mut self,
+        caller: &Caller,
+        method: &str,
+        params: &[u8],
+    ) -> Result<Value, Error> {
+        let p = json::parse_object(params)?;
+        match method {
+            "session.open" => self.session_open(p),
+            "account.register" => self.account_register(p),
+            "account.update" => self.account_update(caller, p),
+            "device.register" => self.device_register(caller, p),
+            "device.revoke" => self.device_revoke(caller, p),
+            "device.list" => self.device_list(caller, p),
+            "route.get" => self.route_get(p),
+            "route.publish" => self.route_publish(caller, p),
+            "contact.revoke" => self.contact_revoke(caller, p),
+            "message.send" => self.message_send(caller, p),
+            "message.deliver" => self.message_deliver(caller, p),
+            "message.delivery.status" => self.delivery_status(caller, p),
+            "message.timeline.sync" => self.timeline_sync(caller, p),
+            "admin.deliveries" => self.admin_deliveries(caller, p),
+            _ => Err(Error::new(
+                ErrorCode::NotFound,
+                format!("unknown method {method:?}"),
+            )),
+        }
+    }
+
+    /// The highest route held for `account`.
+    pub(crate) fn held_route(&mut self, account: &str) -> Result<Option<RouteRec>, StorageError> {
+        self.txn.get(&k::route(account))
+    }
+
+    /// Whether this relay is the home designated by the account's current route, and serves it.
+    pub(crate) fn serves(&mut self, account: &str) -> Result<bool, StorageError> {
+        let route = self.held_route(account)?;
+        Ok(route.is_some_and(|r| r.relay == self.cfg.relay.as_str())
+            && self.txn.get_raw(&k::account(account))?.is_some())
+    }
+
+    /// `not_home_relay`, carrying the highest route held in `data.route`.
+    pub(crate) fn not_home(&mut self, account: &str) -> Error {
+        let mut e = Error::new(
+            ErrorCode::NotHomeRelay,
+            format!("this relay is not the home relay of {account}"),
+        );
+        if let Ok(Some(r)) = self.held_route(account) {
+            if let Ok(route) = json::parse(r.route.as_bytes()) {
+                let mut data = Object::new();
+                data.insert("route", route);
+                e = e.with_data(Value::Object(data));
+            }
+        }
+        e
+    }
+
+    /// A device that is valid now: registered, not revoked, its certificate passing the home checks.
+    pub(crate) fn valid_device(
+        &mut self,
+        account: &str,
+        device: &str,
+    ) -> Result<Option<DeviceRec>, StorageError> {
+        let rec: Option<DeviceRec> = self.txn.get(&k::device(account, device))?;
+        let tol = self.cfg.policies.clock_tolerance;
+        Ok(rec.filter(|d| {
+            !d.revoked
+                && !d.cert.is_empty()
+                && d.issued_at <= self.now.saturating_add(tol)
+                && d.expires_at.is_none_or(|e| self.now < e)
+        }))
+    }
+
+    /// Schedules deletion of `key` at `at`.
+    pub(crate) fn expire_at(&mut self, at: u64, key: &[u8]) {
+        self.txn.put_raw(k::gc(at, key), Vec::new());
+        self.rescheduled = true;
+    }
+
+    /// Random bytes from the host.
+    pub(crate) fn random<const N: usize>(&mut self) -> [u8; N] {
+        let mut b = [0u8; N];
+        self.entropy.fill(&mut b);
+        b
+    }
+}
+
+/// The earliest due attempt or expiry in `store`.
+pub(crate) fn next_wake<S: Storage>(store: &mut S) -> Result<Option<u64>, StorageError> {
+    let mut best: Option<u64> = None;
+    for prefix in [k::due_prefix(), k::gc_prefix()] {
+        if let Some((key, _)) = store
+            .scan(&prefix, &k::prefix_end(&prefix), 1)?
+            .into_iter()
+            .next()
+        {
+            let s = String::from_utf8_lossy(&key);
+            if let Some(at) = s.split('/').nth(1).and_then(|t| t.parse::<u64>().ok()) {
+                best = Some(best.map_or(at, |b| b.min(at)));
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Checks a caller's session and returns it.
+pub(crate) fn require_relay(caller: &Caller) -> Result<&crate::wire::identity::RelayId, Error> {
+    match caller {
+        Caller::Relay(r) => Ok(r),
+        _ => Err(Error::new(
+            ErrorCode::Unauthenticated,
+            "this method needs relay authentication",
+        )),
+    }
+}

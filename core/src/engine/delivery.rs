@@ -1,0 +1,580 @@
+//! The source's delivery responsibility: tasks, attempts, outcomes, backoff, deadlines, target switching.
+//!
+//! Every task has its own timer in the due index, so one slow or dead
+//! destination never delays another (no head-of-line blocking); each
+//! destination has at most `max_in_flight_per_destination` attempts out, and
+//! the rest park in arrival order until a slot frees. A destination that
+//! shows it is back (it calls us, or answers a delivery) gets its waiting
+//! tasks made due at once, still honouring any retry_after. Backoff is
+//! exponential with full jitter above a floor of `retry_initial`, capped at
+//! `retry_max`, so a day-long backlog retries every few minutes and drains
+//! at the destination's pace when it returns.
+
+use super::context::Ctx;
+use super::keyspace as k;
+use super::receive::Incoming;
+use super::records::{ErrorRec, PeerRec, SendRec, TaskRec, TaskState};
+use super::status::{accepted_at_if_target_accepted, Status};
+use super::storage::Storage;
+use super::{Effect, Entropy, Outcome, PeerMethod};
+use crate::wire::canonical;
+use crate::wire::field::Fields;
+use crate::wire::json::{self, Object, Value};
+use crate::wire::route::Route;
+use crate::{Error, ErrorCode};
+
+/// How the source reacts to a destination's error code (protocol.md §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reaction {
+    Fail,
+    Retry,
+    RateLimited,
+    RouteError,
+}
+
+/// The reaction to an error code; unknown codes are retried like `unavailable`.
+pub(crate) fn reaction(code: &str) -> Reaction {
+    match ErrorCode::parse(code) {
+        Some(
+            ErrorCode::InvalidParams
+            | ErrorCode::PayloadTooLarge
+            | ErrorCode::PermissionDenied
+            | ErrorCode::InvalidSignature
+            | ErrorCode::InvalidCertificate
+            | ErrorCode::MessageExpired
+            | ErrorCode::AuthorizationInvalid
+            | ErrorCode::DiscoveryDisabled
+            | ErrorCode::DeviceUnknown
+            | ErrorCode::StateConflict
+            | ErrorCode::NotFound,
+        ) => Reaction::Fail,
+        Some(ErrorCode::NotHomeRelay) => Reaction::RouteError,
+        Some(ErrorCode::RateLimited) => Reaction::RateLimited,
+        _ => Reaction::Retry,
+    }
+}
+
+fn error_rec(e: &Error) -> ErrorRec {
+    ErrorRec {
+        code: e.code.as_str().to_string(),
+        message: e.message.clone(),
+        data: e.data.as_ref().map(canonical::to_string),
+    }
+}
+
+/// A peer's `{"error": {...}}` body as it came.
+fn parse_error_body(body: &[u8]) -> Option<(ErrorRec, Option<Value>)> {
+    let o = json::parse_object(body).ok()?;
+    let inner = Fields::new(&o).object("error").ok()?;
+    let f = Fields::new(inner);
+    let data = f.get("data").cloned();
+    Some((
+        ErrorRec {
+            code: f.str("code").ok()?.to_string(),
+            message: f.str("message").unwrap_or("").to_string(),
+            data: data.as_ref().map(canonical::to_string),
+        },
+        data,
+    ))
+}
+
+impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
+    fn save_task(&mut self, id: &str, t: &TaskRec) {
+        self.txn.put(k::task(id), t);
+    }
+
+    fn peer(&mut self, relay: &str) -> Result<PeerRec, Error> {
+        Ok(self.txn.get(&k::destination(relay))?.unwrap_or_default())
+    }
+
+    fn save_peer(&mut self, relay: &str, p: &PeerRec) {
+        self.txn.put(k::destination(relay), p);
+    }
+
+    /// Moves the task's due entry from its old time to `t.next_at` (or removes it when done).
+    fn reindex(&mut self, id: &str, old_next: Option<u64>, t: &TaskRec) {
+        if let Some(old) = old_next {
+            self.txn.delete(k::due(old, id));
+        }
+        if t.state != TaskState::Done {
+            self.txn.put_raw(k::due(t.next_at, id), Vec::new());
+        }
+        self.rescheduled = true;
+    }
+
+    fn is_local(&self, t: &TaskRec) -> bool {
+        t.target == self.cfg.relay.as_str()
+    }
+
+    /// Takes responsibility for a new task and makes its first attempt now.
+    pub(crate) fn start_task(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+        self.txn
+            .put_raw(k::by_destination(&t.target, id), Vec::new());
+        t.next_at = self.now;
+        self.reindex(id, None, &t);
+        self.launch(id, t)
+    }
+
+    /// Makes the next attempt of a task that is due, or ends it at its deadline.
+    fn launch(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+        let old_next = Some(t.next_at);
+        if self.now >= t.deadline {
+            return self.deadline_exceeded(id, t);
+        }
+        if self.is_local(&t) {
+            return self.deliver_locally(id, t);
+        }
+        let target = t.target.clone();
+        let mut peer = self.peer(&target)?;
+        if peer.in_flight >= self.cfg.max_in_flight_per_destination {
+            peer.park_seq += 1;
+            t.park_order = peer.park_seq;
+            t.state = TaskState::Parked;
+            t.next_at = t.deadline;
+            self.txn
+                .put_raw(k::parked(&target, t.park_order, id), Vec::new());
+            self.save_peer(&target, &peer);
+            self.reindex(id, old_next, &t);
+            self.save_task(id, &t);
+            return Ok(());
+        }
+        peer.in_flight += 1;
+        self.save_peer(&target, &peer);
+        t.attempt += 1;
+        t.state = TaskState::InFlight;
+        t.next_at = self
+            .now
+            .saturating_add(self.cfg.attempt_timeout)
+            .min(t.deadline);
+        let (method, body) = if t.want_route_get {
+            let mut o = Object::new();
+            o.insert("account", t.to.as_str());
+            (PeerMethod::RouteGet, canonical::to_vec(&Value::Object(o)))
+        } else {
+            (PeerMethod::Deliver, t.body.clone().into_bytes())
+        };
+        let target_id = crate::wire::identity::RelayId::parse(&target).map_err(|e| {
+            Error::new(
+                ErrorCode::Internal,
+                format!("stored target {target:?}: {e}"),
+            )
+        })?;
+        self.effects.push(Effect::Send {
+            task: id.to_string(),
+            attempt: t.attempt,
+            target: target_id,
+            method,
+            body,
+        });
+        self.reindex(id, old_next, &t);
+        self.save_task(id, &t);
+        Ok(())
+    }
+
+    /// Local delivery: the receiving rules run here, as the delivery's step.
+    fn deliver_locally(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+        t.attempt += 1;
+        let params = json::parse_object(t.body.as_bytes())?;
+        let inc = Incoming::parse(params)?;
+        let hash = super::receive::params_hash(&inc.params);
+        let result = match self.take_token(
+            "deliver_to",
+            &t.to,
+            self.cfg.policies.deliver_rate_per_account,
+        ) {
+            Ok(()) => self.receive(&inc, &hash).map(|r| r.accepted_at),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(at) => self.end_task(id, t, Status::TargetAccepted, Some(at), None),
+            // A storage fault is the operation's failure, not the delivery's.
+            Err(e) if e.code == ErrorCode::Internal => Err(e),
+            Err(e) => self.on_error(id, t, error_rec(&e), e.data.clone()),
+        }
+    }
+
+    /// Ends a task; its status never changes afterwards.
+    fn end_task(
+        &mut self,
+        id: &str,
+        mut t: TaskRec,
+        status: Status,
+        target_accepted_at: Option<u64>,
+        error: Option<ErrorRec>,
+    ) -> Result<(), Error> {
+        let send_key = k::sent(&t.from, &t.message_id);
+        if let Some(mut r) = self.txn.get::<SendRec>(&send_key)? {
+            if !Status::parse(&r.status).is_some_and(Status::is_terminal) {
+                r.status = status.as_str().to_string();
+                r.target_accepted_at = target_accepted_at;
+                r.error = error;
+                self.txn.put(send_key, &r);
+            }
+        }
+        let old_next = Some(t.next_at);
+        t.state = TaskState::Done;
+        self.reindex(id, old_next, &t);
+        if status == Status::TargetAccepted {
+            self.txn.delete(k::by_destination(&t.target, id));
+            self.txn.delete(k::task(id));
+        } else {
+            // Failed tasks stay listable by the operator until retention ends.
+            self.save_task(id, &t);
+            self.expire_at(t.retain_until, &k::task(id));
+            self.expire_at(t.retain_until, &k::by_destination(&t.target, id));
+        }
+        Ok(())
+    }
+
+    fn deadline_exceeded(&mut self, id: &str, t: TaskRec) -> Result<(), Error> {
+        let last = t
+            .last_error
+            .clone()
+            .unwrap_or_else(|| "result_unknown".to_string());
+        let mut data = Object::new();
+        data.insert("last_error", last.as_str());
+        let e = ErrorRec {
+            code: "deadline_exceeded".to_string(),
+            message: "delivery did not finish before its deadline".to_string(),
+            data: Some(canonical::to_string(&Value::Object(data))),
+        };
+        self.end_task(id, t, Status::Failed, None, Some(e))
+    }
+
+    /// Backoff after the `failures`-th failure: full jitter in [retry_initial, min(retry_max, retry_initial * 2^(failures-1))].
+    fn backoff(&mut self, failures: u32) -> Result<u64, Error> {
+        let p = &self.cfg.policies;
+        let (initial, max) = (
+            p.retry_initial.max(1),
+            p.retry_max.max(p.retry_initial.max(1)),
+        );
+        let window = initial
+            .saturating_mul(1u64 << failures.saturating_sub(1).min(40))
+            .min(max);
+        let span = window - initial;
+        let r = self.jitter()?;
+        Ok(initial + if span == 0 { 0 } else { r % (span + 1) })
+    }
+
+    /// The next value of the seeded jitter generator kept in storage (SplitMix64).
+    fn jitter(&mut self) -> Result<u64, Error> {
+        let state: u64 = match self.txn.get::<u64>(&k::rng())? {
+            Some(s) => s,
+            None => u64::from_le_bytes(self.random::<8>()),
+        };
+        let next = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        self.txn.put(k::rng(), &next);
+        let mut z = next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Ok(z ^ (z >> 31))
+    }
+
+    /// Schedules a retry after a failure, no earlier than `not_before`, never past the deadline.
+    fn retry_later(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+        let old_next = Some(t.next_at);
+        t.failures += 1;
+        let at = self
+            .now
+            .saturating_add(self.backoff(t.failures)?)
+            .max(t.not_before)
+            .min(t.deadline);
+        t.state = TaskState::Waiting;
+        t.next_at = at;
+        self.reindex(id, old_next, &t);
+        self.save_task(id, &t);
+        Ok(())
+    }
+
+    /// Points the task at a new target designated by a route of higher revision, and attempts at once.
+    fn switch_target(
+        &mut self,
+        id: &str,
+        mut t: TaskRec,
+        relay: &str,
+        revision: u64,
+    ) -> Result<(), Error> {
+        self.txn.delete(k::by_destination(&t.target, id));
+        t.target = relay.to_string();
+        t.route_revision = revision;
+        t.uncertain = false;
+        t.failures = 0;
+        t.not_before = 0;
+        t.want_route_get = false;
+        t.route_error = None;
+        self.txn
+            .put_raw(k::by_destination(&t.target, id), Vec::new());
+        self.launch(id, t)
+    }
+
+    /// A valid route for the task's recipient of higher revision than its target's, found in `data.route` or held.
+    fn higher_route(
+        &mut self,
+        t: &TaskRec,
+        candidate: Option<&Value>,
+    ) -> Result<Option<(String, u64)>, Error> {
+        if let Some(Value::Object(o)) = candidate {
+            if let Ok(r) = Route::parse(o.clone()) {
+                if r.verify(&self.cfg.network).is_ok() && r.account.as_str() == t.to {
+                    // A conflicting same-revision route is simply not learned.
+                    let _ = self.store_route(&r);
+                }
+            }
+        }
+        Ok(self
+            .held_route(&t.to)?
+            .filter(|h| h.revision > t.route_revision)
+            .map(|h| (h.relay, h.revision)))
+    }
+
+    /// Reacts to an explicit error answer (or a local rejection).
+    fn on_error(
+        &mut self,
+        id: &str,
+        mut t: TaskRec,
+        e: ErrorRec,
+        data: Option<Value>,
+    ) -> Result<(), Error> {
+        t.last_error = Some(e.code.clone());
+        match reaction(&e.code) {
+            Reaction::Fail => self.end_task(id, t, Status::Failed, None, Some(e)),
+            Reaction::RouteError => {
+                let route = data
+                    .as_ref()
+                    .and_then(|d| d.as_object())
+                    .and_then(|d| d.get("route"));
+                if let Some((relay, rev)) = self.higher_route(&t, route)? {
+                    return self.switch_target(id, t, &relay, rev);
+                }
+                if route.is_none() && !t.want_route_get && !self.is_local(&t) {
+                    // No route in the error: ask the old target for the route it holds.
+                    t.want_route_get = true;
+                    t.route_error = Some(e);
+                    t.next_at = self.now;
+                    return self.launch(id, t);
+                }
+                self.end_task(id, t, Status::Failed, None, Some(e))
+            }
+            Reaction::RateLimited => {
+                let wait = data
+                    .as_ref()
+                    .and_then(|d| d.as_object())
+                    .and_then(|d| d.get("retry_after"))
+                    .and_then(Value::as_protocol_int);
+                if let Some(w) = wait {
+                    t.not_before = self.now.saturating_add(w);
+                }
+                self.retry_later(id, t)
+            }
+            Reaction::Retry => self.retry_later(id, t),
+        }
+    }
+
+    /// Frees one in-flight slot at `relay` and starts the oldest parked task there.
+    fn release_slot(&mut self, relay: &str) -> Result<(), Error> {
+        let mut peer = self.peer(relay)?;
+        peer.in_flight = peer.in_flight.saturating_sub(1);
+        self.save_peer(relay, &peer);
+        let prefix = k::parked_at(relay);
+        if let Some((key, _)) = self
+            .txn
+            .scan(&prefix, &k::prefix_end(&prefix), 1)?
+            .into_iter()
+            .next()
+        {
+            self.txn.delete(key.clone());
+            let id = String::from_utf8_lossy(&key)
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .to_string();
+            if let Some(t) = self.txn.get::<TaskRec>(&k::task(&id))? {
+                if t.state == TaskState::Parked {
+                    return self.launch(&id, t);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles the outcome of attempt `attempt` of `task`; stale or duplicate outcomes change nothing.
+    pub(crate) fn outcome(
+        &mut self,
+        id: &str,
+        attempt: u32,
+        outcome: Outcome,
+    ) -> Result<(), Error> {
+        let Some(mut t) = self.txn.get::<TaskRec>(&k::task(id))? else {
+            return Ok(());
+        };
+        if t.state != TaskState::InFlight || t.attempt != attempt {
+            return Ok(());
+        }
+        let target = t.target.clone();
+        self.release_slot(&target)?;
+        // The slot release may have launched another task; reload ours untouched.
+        let was_route_get = t.want_route_get;
+        match outcome {
+            Outcome::Result(body) if was_route_get => {
+                let route = json::parse_object(&body)
+                    .ok()
+                    .and_then(|o| o.get("route").cloned());
+                t.want_route_get = false;
+                let err = t.route_error.take();
+                if let Some((relay, rev)) = self.higher_route(&t, route.as_ref())? {
+                    return self.switch_target(id, t, &relay, rev);
+                }
+                let e = err.unwrap_or(ErrorRec {
+                    code: ErrorCode::NotHomeRelay.as_str().to_string(),
+                    message: "the target is not the recipient's home relay".to_string(),
+                    data: None,
+                });
+                self.end_task(id, t, Status::Failed, None, Some(e))
+            }
+            Outcome::Result(body) => {
+                match accepted_at_if_target_accepted(&body, &t.from, &t.message_id, &t.to) {
+                    Some(at) => {
+                        self.peer_is_back(&target)?;
+                        self.end_task(id, t, Status::TargetAccepted, Some(at), None)
+                    }
+                    None => self.unknown(id, t),
+                }
+            }
+            Outcome::Error(body) => match parse_error_body(&body) {
+                Some((e, _)) if was_route_get => {
+                    // route.get failed: retry it if that may help, else fail with the route error.
+                    t.last_error = Some(e.code.clone());
+                    if matches!(reaction(&e.code), Reaction::Retry | Reaction::RateLimited) {
+                        return self.retry_later(id, t);
+                    }
+                    let err = t.route_error.take().unwrap_or(e);
+                    t.want_route_get = false;
+                    self.end_task(id, t, Status::Failed, None, Some(err))
+                }
+                Some((e, data)) => {
+                    self.note_peer_failure(&target, &e.code)?;
+                    self.on_error(id, t, e, data)
+                }
+                None => self.unknown(id, t),
+            },
+            Outcome::Unknown => self.unknown(id, t),
+            Outcome::NotAttempted => {
+                t.last_error = Some(ErrorCode::Unavailable.as_str().to_string());
+                self.note_peer_failure(&target, ErrorCode::Unavailable.as_str())?;
+                if !t.uncertain && !t.want_route_get {
+                    // Receipt known not attempted: a higher route may be used.
+                    if let Some((relay, rev)) = self.higher_route(&t, None)? {
+                        return self.switch_target(id, t, &relay, rev);
+                    }
+                }
+                self.retry_later(id, t)
+            }
+        }
+    }
+
+    /// An attempt whose outcome was never learned: retry the same target, unchanged.
+    fn unknown(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+        let target = t.target.clone();
+        self.note_peer_failure(&target, "result_unknown")?;
+        t.last_error = Some("result_unknown".to_string());
+        if !t.want_route_get {
+            t.uncertain = true;
+        }
+        self.retry_later(id, t)
+    }
+
+    fn note_peer_failure(&mut self, relay: &str, code: &str) -> Result<(), Error> {
+        let mut p = self.peer(relay)?;
+        p.consecutive_failures = p.consecutive_failures.saturating_add(1);
+        p.last_error = Some(code.to_string());
+        self.save_peer(relay, &p);
+        Ok(())
+    }
+
+    /// A destination showed it is alive: its waiting deliveries become due now (retry_after still honoured).
+    pub(crate) fn peer_is_back(&mut self, relay: &str) -> Result<(), Error> {
+        let mut p = self.peer(relay)?;
+        let was_down = p.consecutive_failures > 0;
+        p.consecutive_failures = 0;
+        p.last_success_at = Some(self.now);
+        self.save_peer(relay, &p);
+        if !was_down {
+            return Ok(());
+        }
+        let prefix = k::destination_tasks(relay);
+        for (key, _) in self
+            .txn
+            .scan(&prefix, &k::prefix_end(&prefix), usize::MAX)?
+        {
+            let id = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            if let Some(mut t) = self.txn.get::<TaskRec>(&k::task(&id))? {
+                let at = self.now.max(t.not_before).min(t.deadline);
+                if t.state == TaskState::Waiting && t.next_at > at {
+                    let old = Some(t.next_at);
+                    t.next_at = at;
+                    t.failures = 0;
+                    self.reindex(&id, old, &t);
+                    self.save_task(&id, &t);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs what is due: expiry, attempts, attempt timeouts, deadlines.
+    pub(crate) fn tick(&mut self) -> Result<(), Error> {
+        let gc = self
+            .txn
+            .scan(&k::gc_prefix(), &k::gc_until(self.now), self.cfg.tick_batch)?;
+        for (key, _) in gc {
+            let prefix_len = "gc/".len() + 20 + 1;
+            self.txn.delete(key[prefix_len..].to_vec());
+            self.txn.delete(key);
+            self.rescheduled = true;
+        }
+        let due = self.txn.scan(
+            &k::due_prefix(),
+            &k::due_until(self.now),
+            self.cfg.tick_batch,
+        )?;
+        for (key, _) in due {
+            let id = String::from_utf8_lossy(&key)
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .to_string();
+            let Some(t) = self.txn.get::<TaskRec>(&k::task(&id))? else {
+                self.txn.delete(key);
+                continue;
+            };
+            if k::tail_number(&key[..key.len() - id.len() - 1]) != Some(t.next_at) {
+                // A stale index entry (the task moved); drop it.
+                self.txn.delete(key);
+                continue;
+            }
+            match t.state {
+                TaskState::Done => {}
+                TaskState::InFlight => {
+                    let target = t.target.clone();
+                    self.release_slot(&target)?;
+                    let t = self.txn.get::<TaskRec>(&k::task(&id))?.unwrap_or(t);
+                    if self.now >= t.deadline {
+                        let mut t = t;
+                        t.last_error = Some("result_unknown".to_string());
+                        self.deadline_exceeded(&id, t)?;
+                    } else {
+                        self.unknown(&id, t)?;
+                    }
+                }
+                TaskState::Parked => {
+                    if self.now >= t.deadline {
+                        self.txn.delete(k::parked(&t.target, t.park_order, &id));
+                        self.deadline_exceeded(&id, t)?;
+                    }
+                }
+                TaskState::Waiting => self.launch(&id, t)?,
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,178 @@
+//! The relay engine: every method of protocol.md §4 as a sans-IO state machine.
+//!
+//! Plain data in (a caller, a method, params bytes, the time; outcomes of
+//! deliveries; ticks), plain data out (a result or a protocol error, and
+//! [`Effect`]s). The host supplies [`Storage`] and [`Entropy`] and executes
+//! effects; the engine decides everything else. Every operation runs in one
+//! transaction: its writes commit together, before its answer or effects
+//! leave the engine, or not at all.
+
+mod accounts;
+pub mod admin;
+pub mod config;
+mod context;
+mod delivery;
+pub mod effect;
+mod keyspace;
+mod rate;
+mod receive;
+mod records;
+mod send;
+mod session;
+pub mod status;
+pub mod storage;
+mod timeline;
+mod txn;
+
+pub use config::{Config, Policies};
+pub use effect::{Effect, Outcome, PeerMethod};
+pub use storage::{MemoryStore, Storage, StorageError};
+
+use crate::wire::canonical;
+use crate::wire::identity::RelayId;
+use crate::wire::json::{Object, Value};
+use crate::{Error, ErrorCode};
+use context::Ctx;
+
+/// The host's source of secure randomness (session tokens, the jitter seed).
+pub trait Entropy {
+    /// Fills `buf` with random bytes.
+    fn fill(&mut self, buf: &mut [u8]);
+}
+
+impl<F: FnMut(&mut [u8])> Entropy for F {
+    fn fill(&mut self, buf: &mut [u8]) {
+        self(buf)
+    }
+}
+
+/// Who is calling, as the host's transport authenticated it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// No credentials.
+    Anonymous,
+    /// A client presenting a session token (`Authorization: Bearer`).
+    Session(String),
+    /// Another relay whose request signature the host verified.
+    Relay(RelayId),
+    /// The relay's operator (a local admin interface, never the public port).
+    Operator,
+}
+
+/// The answer to one call: a result object or a protocol error, and effects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    pub result: Result<Value, Error>,
+    pub effects: Vec<Effect>,
+}
+
+impl Response {
+    /// The HTTP status that carries this answer.
+    pub fn http_status(&self) -> u16 {
+        match &self.result {
+            Ok(_) => 200,
+            Err(e) => e.code.http_status(),
+        }
+    }
+
+    /// The response body: the result object, or `{"error": {...}}`; canonical JSON.
+    pub fn body(&self) -> Vec<u8> {
+        match &self.result {
+            Ok(v) => canonical::to_vec(v),
+            Err(e) => canonical::to_vec(&error_body(e)),
+        }
+    }
+}
+
+/// The wire form of an error: `{"error": {"code", "message", "data"?}}`.
+pub fn error_body(e: &Error) -> Value {
+    let mut inner = Object::new();
+    inner.insert("code", e.code.as_str());
+    inner.insert("message", e.message.as_str());
+    if let Some(d) = &e.data {
+        inner.insert("data", d.clone());
+    }
+    let mut outer = Object::new();
+    outer.insert("error", inner);
+    Value::Object(outer)
+}
+
+/// The relay engine over a host's storage and entropy.
+pub struct Engine<S: Storage, E: Entropy> {
+    config: Config,
+    store: S,
+    entropy: E,
+}
+
+impl<S: Storage, E: Entropy> Engine<S, E> {
+    /// An engine over `store`; all state lives in the store, so a new engine resumes where an old one stopped.
+    pub fn new(config: Config, store: S, entropy: E) -> Engine<S, E> {
+        Engine {
+            config,
+            store,
+            entropy,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Changes policies; promises already made (deadlines, retention) keep their values.
+    pub fn set_policies(&mut self, policies: Policies) {
+        self.config.policies = policies;
+    }
+
+    /// Gives the store back (to rebuild an engine over it, as a restart does).
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
+    /// Calls `method` with raw `params` bytes at time `now`.
+    pub fn call(&mut self, caller: &Caller, method: &str, params: &[u8], now: u64) -> Response {
+        if params.len() as u64 > self.config.policies.max_request_bytes {
+            return Response {
+                result: Err(Error::new(
+                    ErrorCode::PayloadTooLarge,
+                    format!(
+                        "request body of {} bytes exceeds max_request_bytes {}",
+                        params.len(),
+                        self.config.policies.max_request_bytes
+                    ),
+                )),
+                effects: Vec::new(),
+            };
+        }
+        self.run(now, |cx| cx.dispatch(caller, method, params))
+    }
+
+    /// Reports what became of an `Effect::Send`.
+    pub fn outcome(&mut self, task: &str, attempt: u32, outcome: Outcome, now: u64) -> Vec<Effect> {
+        self.run(now, |cx| {
+            cx.outcome(task, attempt, outcome).map(|()| Value::Null)
+        })
+        .effects
+    }
+
+    /// Runs what is due at `now`: attempts, timeouts, deadlines, expiry.
+    pub fn tick(&mut self, now: u64) -> Vec<Effect> {
+        self.run(now, |cx| cx.tick().map(|()| Value::Null)).effects
+    }
+
+    /// The earliest time the engine wants a tick, if any.
+    pub fn next_wake(&mut self) -> Result<Option<u64>, StorageError> {
+        context::next_wake(&mut self.store)
+    }
+
+    fn run(
+        &mut self,
+        now: u64,
+        op: impl FnOnce(&mut Ctx<'_, S, E>) -> Result<Value, Error>,
+    ) -> Response {
+        let mut cx = Ctx::new(&self.config, &mut self.store, &mut self.entropy, now);
+        let result = op(&mut cx);
+        let (result, effects) = cx.finish(result);
+        Response { result, effects }
+    }
+}

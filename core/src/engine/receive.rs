@@ -1,0 +1,224 @@
+//! The destination side: receiving validation rules 1 to 5 and `message.deliver`.
+//!
+//! The same rules run for cross-relay delivery (a peer calls
+//! `message.deliver`) and local delivery (the source serves the recipient
+//! too), over the same deliver params, so both leave the same receipt.
+
+use super::context::{require_relay, Ctx};
+use super::keyspace as k;
+use super::records::{AccountRec, RecvRec};
+use super::storage::Storage;
+use super::timeline::Kind;
+use super::{status, Caller, Entropy};
+use crate::wire::authorization::{Authorization, AuthorizationError};
+use crate::wire::base64url;
+use crate::wire::canonical;
+use crate::wire::certificate::DeviceCertificate;
+use crate::wire::envelope::MessageEnvelope;
+use crate::wire::field::{FieldError, Fields};
+use crate::wire::json::{Object, Value};
+use crate::wire::key_box::parse_boxes;
+use crate::wire::signature::SignedObject;
+use crate::{Error, ErrorCode};
+use sha2::{Digest, Sha256};
+
+/// The logical request hash: base64url(sha256(JCS(params))).
+pub(crate) fn params_hash(p: &Object) -> String {
+    base64url::encode(&Sha256::digest(canonical::object_to_vec(p)))
+}
+
+/// message.deliver params, parsed to the depth needed for the logical key.
+pub(crate) struct Incoming {
+    pub params: Object,
+    pub envelope: MessageEnvelope,
+}
+
+impl Incoming {
+    /// Parameter shape: the members' types, and the envelope's object constraints (it holds the key).
+    pub(crate) fn parse(params: Object) -> Result<Incoming, Error> {
+        let f = Fields::new(&params);
+        f.array("recipient_boxes")?;
+        f.object("device_certificate")?;
+        f.opt_object("authorization")?;
+        let envelope = MessageEnvelope::parse(f.object("envelope")?.clone())
+            .map_err(|e| e.within("envelope"))?;
+        Ok(Incoming { params, envelope })
+    }
+}
+
+impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
+    /// `message.deliver` (relay): the destination's idempotent receipt.
+    pub(crate) fn message_deliver(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
+        let inc = Incoming::parse(p)?;
+        let peer = require_relay(caller)?.clone();
+        let from = inc.envelope.from.as_str().to_string();
+        let id = inc.envelope.message_id.clone();
+        let hash = params_hash(&inc.params);
+        if let Some(r) = self.txn.get::<RecvRec>(&k::received(&from, &id))? {
+            if r.hash != hash {
+                return Err(state_conflict());
+            }
+            return Ok(status::from_receipt(&from, &id, &r));
+        }
+        if inc.envelope.from == inc.envelope.to {
+            return Err(Error::new(
+                ErrorCode::InvalidParams,
+                "self-delivery is never delivered between relays",
+            ));
+        }
+        self.take_token("deliver", peer.as_str(), self.cfg.policies.deliver_rate)?;
+        self.take_token(
+            "deliver_to",
+            inc.envelope.to.as_str(),
+            self.cfg.policies.deliver_rate_per_account,
+        )?;
+        self.peer_is_back(peer.as_str())?;
+        let r = self.receive(&inc, &hash)?;
+        Ok(status::from_receipt(&from, &id, &r))
+    }
+
+    /// Receiving validation rules 1 to 5 in order; on success appends the received record and stores the receipt.
+    pub(crate) fn receive(&mut self, inc: &Incoming, hash: &str) -> Result<RecvRec, Error> {
+        let env = &inc.envelope;
+        let to = env.to.as_str();
+        let tol = self.cfg.policies.clock_tolerance;
+        // Rule 1: this relay is the home designated by the recipient's current route.
+        if !self.serves(to)? {
+            return Err(self.not_home(to));
+        }
+        // Rule 2: object constraints, the certificate, the envelope signature.
+        let f = Fields::new(&inc.params);
+        let boxes = parse_boxes(
+            "recipient_boxes",
+            f.get("recipient_boxes").unwrap_or(&Value::Null),
+            self.cfg.policies.max_boxes as usize,
+        )?;
+        if env.network != self.cfg.network {
+            return Err(FieldError::invalid("envelope.network", "is another network").into());
+        }
+        let cert = DeviceCertificate::parse(f.object("device_certificate")?.clone())
+            .map_err(|e| e.within("device_certificate"))?;
+        cert.verify(&self.cfg.network)?;
+        env.verify_with(&cert)?;
+        cert.check_valid_at(env.created_at, tol)?;
+        // Rule 3: this relay's clock tolerance and delivery age limit.
+        self.check_created_at(env.created_at)?;
+        // Rule 4: account access authorization.
+        let acct: AccountRec = self
+            .txn
+            .get(&k::account(to))?
+            .ok_or_else(|| self.not_home(to))?;
+        let auth = f
+            .opt_object("authorization")?
+            .map(|o| Authorization::parse(o.clone()).map_err(|e| e.within("authorization")))
+            .transpose()?;
+        match &auth {
+            Some(a) => self.check_authorization(a, env)?,
+            None if !acct.discoverable => {
+                return Err(Error::new(
+                    ErrorCode::DiscoveryDisabled,
+                    "no authorization given and the recipient does not allow public discovery",
+                ))
+            }
+            None => {}
+        }
+        // Rule 5: at least one box names a device valid now.
+        if !self.any_valid_device(to, &boxes)? {
+            return Err(Error::new(
+                ErrorCode::DeviceUnknown,
+                "no recipient box names a valid device of the recipient",
+            ));
+        }
+        if let Some(Authorization::Invite(i)) = &auth {
+            self.txn.put_raw(
+                k::invite_use(to, &i.invite_id, env.from.as_str()),
+                Vec::new(),
+            );
+        }
+        let env_text = String::from_utf8(env.canonical()).unwrap_or_default();
+        let cert_text = String::from_utf8(cert.canonical()).unwrap_or_default();
+        self.append(
+            to,
+            Kind::Received,
+            &env_text,
+            env.body_expires_at,
+            &cert_text,
+            &boxes,
+        )?;
+        let retain_until = self.now.saturating_add(self.cfg.policies.message_retention);
+        let rec = RecvRec {
+            hash: hash.to_string(),
+            to: to.to_string(),
+            accepted_at: self.now,
+            retain_until,
+        };
+        let key = k::received(env.from.as_str(), &env.message_id);
+        self.txn.put(key.clone(), &rec);
+        self.expire_at(retain_until, &key);
+        Ok(rec)
+    }
+
+    /// `created_at` within this relay's clock tolerance and delivery age limit.
+    pub(crate) fn check_created_at(&self, created_at: u64) -> Result<(), Error> {
+        let p = &self.cfg.policies;
+        if created_at > self.now.saturating_add(p.clock_tolerance) {
+            return Err(Error::new(
+                ErrorCode::ClockSkew,
+                "envelope created_at is beyond now plus clock tolerance",
+            ));
+        }
+        if self.now > created_at.saturating_add(p.message_delivery_age_limit) {
+            return Err(Error::new(
+                ErrorCode::MessageExpired,
+                "envelope is older than the message delivery age limit",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rule 4 for a present authorization: stateless checks, then revocation and use counts.
+    fn check_authorization(
+        &mut self,
+        a: &Authorization,
+        env: &MessageEnvelope,
+    ) -> Result<(), Error> {
+        a.verify(
+            &self.cfg.network,
+            &env.from,
+            &env.to,
+            self.now,
+            self.cfg.policies.clock_tolerance,
+        )?;
+        let to = env.to.as_str();
+        if self.txn.get_raw(&k::contact_revoked(to, a.id()))?.is_some() {
+            return Err(AuthorizationError::Revoked.into());
+        }
+        if let Authorization::Invite(i) = a {
+            if let Some(max) = i.max_uses {
+                let sender = env.from.as_str();
+                if self
+                    .txn
+                    .get_raw(&k::invite_use(to, &i.invite_id, sender))?
+                    .is_none()
+                {
+                    let prefix = k::invite_uses(to, &i.invite_id);
+                    let used = self
+                        .txn
+                        .scan(&prefix, &k::prefix_end(&prefix), max as usize)?
+                        .len() as u64;
+                    if used >= max {
+                        return Err(AuthorizationError::UsedUp.into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn state_conflict() -> Error {
+    Error::new(
+        ErrorCode::StateConflict,
+        "a different request with this (from, message_id) was already accepted",
+    )
+}

@@ -1,0 +1,165 @@
+//! Device sessions: `session.open`, and authenticating the bearer of a session token.
+
+use super::context::Ctx;
+use super::keyspace as k;
+use super::records::{DeviceRec, SessionRec};
+use super::storage::Storage;
+use super::{Caller, Entropy};
+use crate::wire::base64url;
+use crate::wire::json::{Object, Value};
+use crate::wire::session_open::SessionOpen;
+use crate::wire::signature::SignedObject;
+use crate::{Error, ErrorCode};
+use sha2::{Digest, Sha256};
+
+/// An authenticated session: the device and the permissions of its registered certificate.
+pub(crate) struct Session {
+    pub account: String,
+    pub device_id: String,
+    pub device: DeviceRec,
+}
+
+/// Which permission a method needs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Need {
+    Any,
+    Send,
+    Sync,
+    Manage,
+}
+
+fn token_hash(token: &str) -> String {
+    base64url::encode(&Sha256::digest(token.as_bytes()))
+}
+
+fn unauthenticated(why: &str) -> Error {
+    Error::new(ErrorCode::Unauthenticated, why)
+}
+
+impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
+    /// `session.open`: a signed `session_open` by a registered, valid device.
+    pub(crate) fn session_open(&mut self, p: Object) -> Result<Value, Error> {
+        let s = SessionOpen::parse(p)?;
+        let tol = self.cfg.policies.clock_tolerance;
+        if s.network != self.cfg.network {
+            return Err(Error::new(
+                ErrorCode::InvalidParams,
+                "session_open is for another network",
+            ));
+        }
+        if s.relay != self.cfg.relay {
+            return Err(unauthenticated("session_open names another relay"));
+        }
+        if s.ts > self.now.saturating_add(tol) {
+            return Err(Error::new(
+                ErrorCode::ClockSkew,
+                "session_open ts is beyond now plus clock tolerance",
+            ));
+        }
+        if s.ts.saturating_add(tol) < self.now {
+            return Err(unauthenticated(
+                "session_open ts is older than the clock tolerance",
+            ));
+        }
+        let account = s.account.as_str().to_string();
+        let device_id = s.device_id.as_str().to_string();
+        if !self.serves(&account)? {
+            return Err(self.not_home(&account));
+        }
+        let Some(device) = self.valid_device(&account, &device_id)? else {
+            return Err(unauthenticated(
+                "device is not registered and valid at this relay",
+            ));
+        };
+        let key: [u8; 32] = crate::wire::certificate::DeviceCertificate::parse(
+            crate::wire::json::parse_object(device.cert.as_bytes())?,
+        )?
+        .device_key;
+        s.verify_signature(&key)?;
+        let nonce_key = k::nonce(&account, &device_id, &s.nonce);
+        if self.txn.get_raw(&nonce_key)?.is_some() {
+            return Err(unauthenticated("session_open nonce was already used"));
+        }
+        // A nonce only needs remembering while its ts is still acceptable.
+        self.txn.put_raw(nonce_key.clone(), Vec::new());
+        self.expire_at(s.ts.saturating_add(tol).saturating_add(1), &nonce_key);
+
+        let token = base64url::encode(&self.random::<32>());
+        let hash = token_hash(&token);
+        let mut expires_at = s.ts.saturating_add(self.cfg.policies.session_ttl);
+        if let Some(e) = device.expires_at {
+            expires_at = expires_at.min(e);
+        }
+        self.txn.put(
+            k::session(&hash),
+            &SessionRec {
+                account: account.clone(),
+                device_id: device_id.clone(),
+                expires_at,
+            },
+        );
+        let by_device = k::device_session(&account, &device_id, &hash);
+        self.txn.put_raw(by_device.clone(), Vec::new());
+        self.expire_at(expires_at, &k::session(&hash));
+        self.expire_at(expires_at, &by_device);
+        let mut out = Object::new();
+        out.insert("session", token);
+        out.insert("expires_at", expires_at);
+        Ok(Value::Object(out))
+    }
+
+    /// The caller's session, checked for expiry, device validity and the permission `need`.
+    pub(crate) fn session(&mut self, caller: &Caller, need: Need) -> Result<Session, Error> {
+        let Caller::Session(token) = caller else {
+            return Err(unauthenticated("this method needs a device session"));
+        };
+        let rec: Option<SessionRec> = self.txn.get(&k::session(&token_hash(token)))?;
+        let Some(rec) = rec.filter(|r| self.now < r.expires_at) else {
+            return Err(unauthenticated("no such session, or it has expired"));
+        };
+        let Some(device) = self.valid_device(&rec.account, &rec.device_id)? else {
+            return Err(unauthenticated("the session's device is no longer valid"));
+        };
+        let allowed = match need {
+            Need::Any => true,
+            Need::Send => device.send,
+            Need::Sync => device.sync,
+            Need::Manage => device.manage,
+        };
+        if !allowed {
+            let name = match need {
+                Need::Send => "send",
+                Need::Sync => "sync",
+                _ => "manage",
+            };
+            return Err(Error::new(
+                ErrorCode::PermissionDenied,
+                format!("the device's certificate lacks the {name:?} permission"),
+            ));
+        }
+        Ok(Session {
+            account: rec.account,
+            device_id: rec.device_id,
+            device,
+        })
+    }
+
+    /// Removes every session of a device (it was revoked).
+    pub(crate) fn end_device_sessions(&mut self, account: &str, device: &str) -> Result<(), Error> {
+        let prefix = k::device_sessions(account, device);
+        for (key, _) in self
+            .txn
+            .scan(&prefix, &k::prefix_end(&prefix), usize::MAX)?
+        {
+            if let Some(hash) = String::from_utf8_lossy(&key).rsplit('/').next() {
+                self.txn.delete(k::session(hash));
+            }
+            self.txn.delete(key);
+        }
+        self.effects.push(super::Effect::EndDeviceSessions {
+            account: account.to_string(),
+            device_id: device.to_string(),
+        });
+        Ok(())
+    }
+}

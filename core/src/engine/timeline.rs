@@ -1,0 +1,161 @@
+//! Account message timelines: append at acceptance, sync per device.
+//!
+//! Sequences start at 1 per account and strictly increase. Who may read a
+//! record is fixed when it is appended: devices with a box in it that are
+//! valid at that moment. Later device changes never recompute it.
+
+use super::context::Ctx;
+use super::keyspace as k;
+use super::records::{AccountRec, BoxRec, RecordRec};
+use super::session::Need;
+use super::storage::Storage;
+use super::{Caller, Effect, Entropy};
+use crate::wire::canonical;
+use crate::wire::field::{FieldError, Fields};
+use crate::wire::json::{self, Object, Value};
+use crate::wire::key_box::KeyBox;
+use crate::{Error, ErrorCode};
+
+/// Largest `limit` of one sync page.
+pub const MAX_SYNC_LIMIT: u64 = 500;
+/// `limit` when the request has none.
+pub const DEFAULT_SYNC_LIMIT: u64 = 100;
+
+/// The record kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Sent,
+    Received,
+    SelfDelivery,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Sent => "sent",
+            Kind::Received => "received",
+            Kind::SelfDelivery => "self",
+        }
+    }
+}
+
+impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
+    /// Appends a record to `account`'s timeline and notifies its devices; returns the sequence.
+    pub(crate) fn append(
+        &mut self,
+        account: &str,
+        kind: Kind,
+        envelope: &str,
+        body_expires_at: Option<u64>,
+        certificate: &str,
+        boxes: &[KeyBox],
+    ) -> Result<u64, Error> {
+        let mut acct: AccountRec = self.txn.get(&k::account(account))?.ok_or_else(|| {
+            Error::new(ErrorCode::Internal, "append to an account not served here")
+        })?;
+        acct.latest_seq += 1;
+        let seq = acct.latest_seq;
+        self.txn.put(k::account(account), &acct);
+        let mut visible = Vec::new();
+        let mut stored = Vec::with_capacity(boxes.len());
+        for b in boxes {
+            let id = b.device_id.as_str();
+            if self.valid_device(account, id)?.is_some() {
+                visible.push(id.to_string());
+            }
+            stored.push(BoxRec {
+                device_id: id.to_string(),
+                key_box: String::from_utf8(canonical::object_to_vec(b.raw())).unwrap_or_default(),
+            });
+        }
+        let expires_at = self.now.saturating_add(self.cfg.policies.message_retention);
+        let key = k::record(account, seq);
+        self.txn.put(
+            key.clone(),
+            &RecordRec {
+                seq,
+                kind: kind.as_str().to_string(),
+                accepted_at: self.now,
+                expires_at,
+                body_expires_at,
+                envelope: envelope.to_string(),
+                certificate: certificate.to_string(),
+                boxes: stored,
+                visible,
+            },
+        );
+        self.expire_at(expires_at, &key);
+        self.effects.push(Effect::Notify {
+            account: account.to_string(),
+            latest_seq: seq,
+        });
+        Ok(seq)
+    }
+
+    /// Whether any device of `boxes` is valid in the account's device state now (receiving rule 5).
+    pub(crate) fn any_valid_device(
+        &mut self,
+        account: &str,
+        boxes: &[KeyBox],
+    ) -> Result<bool, Error> {
+        for b in boxes {
+            if self.valid_device(account, b.device_id.as_str())?.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// `message.timeline.sync` (`sync`): `{after, limit?}`.
+    pub(crate) fn timeline_sync(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
+        let s = self.session(caller, Need::Sync)?;
+        let f = Fields::new(&p);
+        let after = f.int("after")?;
+        let limit = f.opt_int("limit")?.unwrap_or(DEFAULT_SYNC_LIMIT);
+        if !(1..=MAX_SYNC_LIMIT).contains(&limit) {
+            return Err(
+                FieldError::invalid("limit", format!("must be 1 to {MAX_SYNC_LIMIT}")).into(),
+            );
+        }
+        let acct: AccountRec = self
+            .txn
+            .get(&k::account(&s.account))?
+            .ok_or_else(|| Error::new(ErrorCode::NotFound, "account not registered here"))?;
+        let prefix = k::timeline(&s.account);
+        let start = k::record(&s.account, after.saturating_add(1));
+        let rows = self
+            .txn
+            .scan(&start, &k::prefix_end(&prefix), (limit * 10) as usize)?;
+        let mut entries = Vec::new();
+        let mut next = after;
+        for (_, v) in rows {
+            let r: RecordRec = serde_json::from_slice(&v)
+                .map_err(|e| Error::new(ErrorCode::Internal, format!("corrupt record: {e}")))?;
+            next = r.seq;
+            let readable = self.now < r.expires_at
+                && r.body_expires_at.is_none_or(|t| self.now < t)
+                && r.visible.contains(&s.device_id);
+            if readable {
+                if let Some(b) = r.boxes.iter().find(|b| b.device_id == s.device_id) {
+                    let mut e = Object::new();
+                    e.insert("seq", r.seq);
+                    e.insert("kind", r.kind.as_str());
+                    e.insert("accepted_at", r.accepted_at);
+                    e.insert("expires_at", r.expires_at);
+                    e.insert("envelope", json::parse(r.envelope.as_bytes())?);
+                    e.insert("device_certificate", json::parse(r.certificate.as_bytes())?);
+                    e.insert("key_box", json::parse(b.key_box.as_bytes())?);
+                    entries.push(Value::Object(e));
+                }
+            }
+            if entries.len() as u64 == limit {
+                break;
+            }
+        }
+        let mut out = Object::new();
+        out.insert("entries", Value::Array(entries));
+        out.insert("next", next);
+        out.insert("has_more", acct.latest_seq > next);
+        Ok(Value::Object(out))
+    }
+}

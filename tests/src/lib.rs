@@ -1,0 +1,532 @@
+//! A world of relay engines and clients for tests: in-memory relays, accounts with devices,
+//! message building, and a network that carries `Effect::Send` between engines.
+//!
+//! Rule tests drive it step by step; the deterministic simulation drives it
+//! with faults. Everything is seeded: a world replays exactly from its seed.
+
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use relay_core::client::{draft, random_id, seal, AccountKey, DeviceKey};
+use relay_core::engine::{
+    Caller, Config, Effect, Engine, MemoryStore, Outcome, PeerMethod, Response,
+};
+use relay_core::wire::identity::RelayId;
+use relay_core::wire::json::{Object, Value};
+use relay_core::wire::{canonical, json};
+
+/// The network every test world uses.
+pub const NET: &str = "dev";
+/// The world's start time (ms since epoch).
+pub const T0: u64 = 1_800_000_000_000;
+
+/// Seeded entropy for engines in tests (never for production).
+pub struct TestEntropy(pub ChaCha20Rng);
+
+impl relay_core::engine::Entropy for TestEntropy {
+    fn fill(&mut self, buf: &mut [u8]) {
+        self.0.fill_bytes(buf)
+    }
+}
+
+/// One relay: its storage survives restarts; the engine is rebuilt over it.
+pub struct Node {
+    pub id: RelayId,
+    pub config: Config,
+    pub store: MemoryStore,
+    pub engine: Engine<MemoryStore, TestEntropy>,
+    /// Added to the world's time to give this relay's clock.
+    pub skew: i64,
+    pub wake: Option<u64>,
+    /// `(account, latest_seq)` notifications, in order.
+    pub notifications: Vec<(String, u64)>,
+    /// Sessions ended by revocation.
+    pub ended: Vec<(String, String)>,
+    pub restarts: u32,
+}
+
+impl Node {
+    /// Drops the engine and builds a new one over the same storage (a process restart).
+    pub fn restart(&mut self, seed: u64) {
+        self.engine = Engine::new(
+            self.config.clone(),
+            self.store.clone(),
+            TestEntropy(ChaCha20Rng::seed_from_u64(seed)),
+        );
+        self.restarts += 1;
+        self.wake = self.engine.next_wake().ok().flatten();
+    }
+}
+
+/// An account with its devices, as a client holds it.
+pub struct Account {
+    pub key: AccountKey,
+    pub devices: Vec<DeviceKey>,
+    pub certs: Vec<Object>,
+    pub sessions: Vec<String>,
+    pub home: usize,
+    pub route_revision: u64,
+}
+
+impl Account {
+    /// The account id as a string.
+    pub fn id(&self) -> String {
+        self.key.id().as_str().to_string()
+    }
+}
+
+/// A request in the network from one relay to another.
+#[derive(Clone, Debug)]
+pub struct InFlight {
+    pub source: usize,
+    pub task: String,
+    pub attempt: u32,
+    pub target: RelayId,
+    pub method: PeerMethod,
+    pub body: Vec<u8>,
+}
+
+/// What a test asks of a message it builds.
+#[derive(Clone, Default)]
+pub struct Msg {
+    pub sender_boxes: bool,
+    pub authorization: Option<Object>,
+    pub recipient_route: Option<Object>,
+    /// Box only these recipient devices (default: all).
+    pub to_devices: Option<Vec<usize>>,
+    /// created_at relative to the sender relay's now.
+    pub created_offset: i64,
+    pub body_expires_at: Option<u64>,
+}
+
+/// Relays, accounts and a network, all seeded.
+pub struct World {
+    pub now: u64,
+    pub nodes: Vec<Node>,
+    pub rng: ChaCha20Rng,
+    pub outbox: Vec<InFlight>,
+}
+
+impl World {
+    /// An empty world.
+    pub fn new(seed: u64) -> World {
+        World {
+            now: T0,
+            nodes: Vec::new(),
+            rng: ChaCha20Rng::seed_from_u64(seed),
+            outbox: Vec::new(),
+        }
+    }
+
+    /// Adds a relay `http://{name}.test` with default policies, adjusted by `tune`.
+    pub fn relay_with(&mut self, name: &str, tune: impl FnOnce(&mut Config)) -> usize {
+        let id = RelayId::parse(&format!("http://{name}.test")).expect("relay id");
+        let mut config = Config::new(id.clone(), NET);
+        tune(&mut config);
+        let store = MemoryStore::new();
+        let seed = self.rng.gen();
+        let engine = Engine::new(
+            config.clone(),
+            store.clone(),
+            TestEntropy(ChaCha20Rng::seed_from_u64(seed)),
+        );
+        self.nodes.push(Node {
+            id,
+            config,
+            store,
+            engine,
+            skew: 0,
+            wake: None,
+            notifications: Vec::new(),
+            ended: Vec::new(),
+            restarts: 0,
+        });
+        self.nodes.len() - 1
+    }
+
+    /// Adds a relay with default policies.
+    pub fn relay(&mut self, name: &str) -> usize {
+        self.relay_with(name, |_| {})
+    }
+
+    /// The time on relay `n`'s clock.
+    pub fn clock(&self, n: usize) -> u64 {
+        (self.now as i64 + self.nodes[n].skew) as u64
+    }
+
+    fn absorb(&mut self, n: usize, effects: Vec<Effect>) {
+        for e in effects {
+            match e {
+                Effect::Send {
+                    task,
+                    attempt,
+                    target,
+                    method,
+                    body,
+                } => self.outbox.push(InFlight {
+                    source: n,
+                    task,
+                    attempt,
+                    target,
+                    method,
+                    body,
+                }),
+                Effect::WakeAt(t) => self.nodes[n].wake = Some(t),
+                Effect::Notify {
+                    account,
+                    latest_seq,
+                } => self.nodes[n].notifications.push((account, latest_seq)),
+                Effect::EndDeviceSessions { account, device_id } => {
+                    self.nodes[n].ended.push((account, device_id))
+                }
+            }
+        }
+    }
+
+    /// Calls a method on relay `n`; effects go to the world.
+    pub fn call(&mut self, n: usize, caller: &Caller, method: &str, params: &Object) -> Response {
+        self.call_raw(n, caller, method, &canonical::object_to_vec(params))
+    }
+
+    /// Calls a method with raw bytes.
+    pub fn call_raw(&mut self, n: usize, caller: &Caller, method: &str, params: &[u8]) -> Response {
+        let now = self.clock(n);
+        let r = self.nodes[n].engine.call(caller, method, params, now);
+        self.absorb(n, r.effects.clone());
+        r
+    }
+
+    /// Reports an outcome to relay `n`.
+    pub fn outcome(&mut self, n: usize, task: &str, attempt: u32, outcome: Outcome) {
+        let now = self.clock(n);
+        let effects = self.nodes[n].engine.outcome(task, attempt, outcome, now);
+        self.absorb(n, effects);
+    }
+
+    /// Ticks relay `n` at its current time.
+    pub fn tick(&mut self, n: usize) {
+        let now = self.clock(n);
+        let effects = self.nodes[n].engine.tick(now);
+        self.absorb(n, effects);
+    }
+
+    /// The relay whose id is `id`.
+    pub fn node_of(&self, id: &RelayId) -> Option<usize> {
+        self.nodes.iter().position(|n| &n.id == id)
+    }
+
+    /// Carries one request to its target and its answer back (no faults).
+    pub fn carry(&mut self, req: InFlight) {
+        let outcome = match self.node_of(&req.target) {
+            Some(t) => {
+                let caller = Caller::Relay(self.nodes[req.source].id.clone());
+                let r = self.call_raw(t, &caller, req.method.as_str(), &req.body);
+                if r.result.is_ok() {
+                    Outcome::Result(r.body())
+                } else {
+                    Outcome::Error(r.body())
+                }
+            }
+            None => Outcome::NotAttempted,
+        };
+        self.outcome(req.source, &req.task, req.attempt, outcome);
+    }
+
+    /// Carries every request until none is left.
+    pub fn pump(&mut self) {
+        while !self.outbox.is_empty() {
+            let req = self.outbox.remove(0);
+            self.carry(req);
+        }
+    }
+
+    /// Advances time by `ms`, ticking relays whose wake-up time has come, and pumps.
+    pub fn advance(&mut self, ms: u64) {
+        self.now += ms;
+        for n in 0..self.nodes.len() {
+            if self.nodes[n].wake.is_some_and(|w| w <= self.clock(n)) {
+                self.nodes[n].wake = None;
+                self.tick(n);
+            }
+        }
+        self.pump();
+    }
+
+    /// Runs time forward, wake-up by wake-up, for at most `horizon` ms.
+    pub fn run_for(&mut self, horizon: u64) {
+        let end = self.now + horizon;
+        loop {
+            self.pump();
+            let next = (0..self.nodes.len())
+                .filter_map(|n| {
+                    self.nodes[n]
+                        .wake
+                        .map(|w| (w as i64 - self.nodes[n].skew) as u64)
+                })
+                .min();
+            match next {
+                Some(t) if t <= end => {
+                    let step = t.saturating_sub(self.now);
+                    self.advance(step);
+                }
+                _ => break,
+            }
+        }
+        self.now = self.now.max(end);
+    }
+
+    /// Registers an account at relay `home` with `devices` devices (device 0 has every permission).
+    pub fn account(&mut self, home: usize, devices: usize, discoverable: bool) -> Account {
+        let key = AccountKey::generate(&mut self.rng);
+        let now = self.clock(home);
+        let relay = self.nodes[home].id.as_str().to_string();
+        let route = draft::route(NET, &key.id(), &relay, 1, now).sign(&key);
+        let mut acct = Account {
+            key,
+            devices: Vec::new(),
+            certs: Vec::new(),
+            sessions: Vec::new(),
+            home,
+            route_revision: 1,
+        };
+        for i in 0..devices {
+            let d = DeviceKey::generate(&mut self.rng);
+            let cert = draft::certificate(NET, &acct.key, &d, &["send", "sync", "manage"], now)
+                .sign(&acct.key);
+            if i == 0 {
+                let mut p = Object::new();
+                p.insert("route", route.clone());
+                p.insert("certificate", cert.clone());
+                p.insert("discoverable", discoverable);
+                let r = self.call(home, &Caller::Anonymous, "account.register", &p);
+                r.result.expect("account.register");
+            }
+            acct.devices.push(d);
+            acct.certs.push(cert.clone());
+            if i > 0 {
+                let mut p = Object::new();
+                p.insert("certificate", cert);
+                let s = Caller::Session(acct.sessions[0].clone());
+                self.call(home, &s, "device.register", &p)
+                    .result
+                    .expect("device.register");
+            }
+            let token = self.open_session(&acct, i).expect("session.open");
+            acct.sessions.push(token);
+        }
+        acct
+    }
+
+    /// Opens a session for device `dev` of `acct` at its home.
+    pub fn open_session(
+        &mut self,
+        acct: &Account,
+        dev: usize,
+    ) -> Result<String, relay_core::Error> {
+        let now = self.clock(acct.home);
+        let nonce = random_id(&mut self.rng);
+        let relay = self.nodes[acct.home].id.as_str().to_string();
+        let so = draft::session_open(
+            NET,
+            &relay,
+            &acct.key.id(),
+            &acct.devices[dev].id(),
+            now,
+            &nonce,
+        )
+        .sign(&acct.devices[dev]);
+        let r = self
+            .call(acct.home, &Caller::Anonymous, "session.open", &so)
+            .result?;
+        Ok(field(&r, "session")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    /// The session caller of device `dev`.
+    pub fn session(acct: &Account, dev: usize) -> Caller {
+        Caller::Session(acct.sessions[dev].clone())
+    }
+
+    /// Builds message.send params from device `dev` of `from` to `to`.
+    pub fn message(
+        &mut self,
+        from: &Account,
+        dev: usize,
+        to: &Account,
+        text: &str,
+        m: &Msg,
+    ) -> Object {
+        let key = seal::message_key(&mut self.rng);
+        let mut body = seal::seal_body(&mut self.rng, &key, text.as_bytes());
+        body.insert("x-test", text);
+        let created = (self.clock(from.home) as i64 + m.created_offset) as u64;
+        let id = random_id(&mut self.rng);
+        let mut env = draft::envelope(
+            NET,
+            &id,
+            &from.key.id(),
+            &from.devices[dev].id(),
+            &to.key.id(),
+            created,
+            body,
+        );
+        if let Some(t) = m.body_expires_at {
+            env = env.set("body_expires_at", t);
+        }
+        let env = env.sign(&from.devices[dev]);
+        let picks: Vec<usize> = m
+            .to_devices
+            .clone()
+            .unwrap_or_else(|| (0..to.devices.len()).collect());
+        let boxes: Vec<Object> = picks
+            .iter()
+            .map(|&i| {
+                seal::seal_key_box(
+                    &mut self.rng,
+                    &to.devices[i].id(),
+                    &to.devices[i].box_key(),
+                    &key,
+                )
+            })
+            .collect();
+        let mut p = Object::new();
+        p.insert("envelope", env);
+        p.insert("recipient_boxes", seal::boxes(boxes));
+        if m.sender_boxes {
+            let boxes: Vec<Object> = from
+                .devices
+                .iter()
+                .map(|d| seal::seal_key_box(&mut self.rng, &d.id(), &d.box_key(), &key))
+                .collect();
+            p.insert("sender_boxes", seal::boxes(boxes));
+        }
+        if let Some(a) = &m.authorization {
+            p.insert("authorization", a.clone());
+        }
+        if let Some(r) = &m.recipient_route {
+            p.insert("recipient_route", r.clone());
+        }
+        p
+    }
+
+    /// A contact grant from `grantor` to `grantee`.
+    pub fn grant(&mut self, grantor: &Account, grantee: &Account) -> Object {
+        let id = random_id(&mut self.rng);
+        draft::grant(
+            NET,
+            &id,
+            &grantor.key.id(),
+            &grantee.key.id(),
+            self.clock(grantor.home),
+        )
+        .sign(&grantor.key)
+    }
+
+    /// message.send from device `dev` of `from`.
+    pub fn send(&mut self, from: &Account, dev: usize, params: &Object) -> Response {
+        self.call(
+            from.home,
+            &World::session(from, dev),
+            "message.send",
+            params,
+        )
+    }
+
+    /// message.timeline.sync for device `dev` of `acct`.
+    pub fn sync(
+        &mut self,
+        acct: &Account,
+        dev: usize,
+        after: u64,
+        limit: Option<u64>,
+    ) -> Result<Object, relay_core::Error> {
+        let mut p = Object::new();
+        p.insert("after", after);
+        if let Some(l) = limit {
+            p.insert("limit", l);
+        }
+        let r = self.call(
+            acct.home,
+            &World::session(acct, dev),
+            "message.timeline.sync",
+            &p,
+        );
+        r.result.map(|v| v.as_object().cloned().unwrap_or_default())
+    }
+
+    /// Every entry visible to a device, following pages.
+    pub fn sync_all(&mut self, acct: &Account, dev: usize) -> Vec<Object> {
+        let mut out = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self.sync(acct, dev, after, Some(500)).expect("sync");
+            for e in page.get("entries").and_then(array).unwrap_or_default() {
+                out.push(e.as_object().cloned().unwrap_or_default());
+            }
+            after = page
+                .get("next")
+                .and_then(Value::as_protocol_int)
+                .unwrap_or(after);
+            if page.get("has_more") != Some(&Value::Bool(true)) {
+                return out;
+            }
+        }
+    }
+
+    /// message.delivery.status of `message_id` for `from`.
+    pub fn status(&mut self, from: &Account, message_id: &str) -> Response {
+        let mut p = Object::new();
+        p.insert("message_id", message_id);
+        self.call(
+            from.home,
+            &World::session(from, 0),
+            "message.delivery.status",
+            &p,
+        )
+    }
+}
+
+/// The array inside a value.
+pub fn array(v: &Value) -> Option<Vec<Value>> {
+    match v {
+        Value::Array(a) => Some(a.clone()),
+        _ => None,
+    }
+}
+
+/// A string member of an object value.
+pub fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    v.as_object()?.get(name)
+}
+
+/// The `status` of a DeliveryStatus value.
+pub fn status_of(v: &Value) -> &str {
+    field(v, "status").and_then(Value::as_str).unwrap_or("")
+}
+
+/// The message id of message.send params.
+pub fn message_id(params: &Object) -> String {
+    params
+        .get("envelope")
+        .and_then(|e| field(e, "message_id"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The `x-test` text of an entry's envelope body.
+pub fn entry_text(entry: &Object) -> String {
+    entry
+        .get("envelope")
+        .and_then(|e| field(e, "body"))
+        .and_then(|b| field(b, "x-test"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Parses a JSON body (for assertions on raw responses).
+pub fn parse(body: &[u8]) -> Value {
+    json::parse(body).expect("json")
+}
