@@ -530,3 +530,117 @@ pub fn entry_text(entry: &Object) -> String {
 pub fn parse(body: &[u8]) -> Value {
     json::parse(body).expect("json")
 }
+
+impl World {
+    /// The message.deliver params a source would build from message.send params.
+    pub fn deliver_params(from: &Account, dev: usize, send: &Object) -> Object {
+        let mut p = Object::new();
+        p.insert(
+            "envelope",
+            send.get("envelope").cloned().unwrap_or(Value::Null),
+        );
+        p.insert(
+            "recipient_boxes",
+            send.get("recipient_boxes").cloned().unwrap_or(Value::Null),
+        );
+        p.insert("device_certificate", from.certs[dev].clone());
+        if let Some(a) = send.get("authorization") {
+            p.insert("authorization", a.clone());
+        }
+        p
+    }
+
+    /// Calls message.deliver on relay `n` as relay `source`.
+    pub fn deliver(&mut self, n: usize, source: &str, params: &Object) -> Response {
+        let caller = Caller::Relay(RelayId::parse(source).expect("relay id"));
+        self.call(n, &caller, "message.deliver", params)
+    }
+
+    /// The account's current signed route.
+    pub fn route_of(&self, acct: &Account) -> Object {
+        let relay = self.nodes[acct.home].id.as_str().to_string();
+        draft::route(NET, &acct.key.id(), &relay, acct.route_revision, T0).sign(&acct.key)
+    }
+
+    /// Teaches relay `n` the account's current route (route.publish).
+    pub fn publish_route(&mut self, n: usize, acct: &Account) {
+        let mut p = Object::new();
+        p.insert("route", self.route_of(acct));
+        self.call(n, &Caller::Anonymous, "route.publish", &p)
+            .result
+            .expect("route.publish");
+    }
+
+    /// Moves an account to relay `to` (route revision + 1, device 0 registered there, sessions reopened).
+    pub fn migrate(&mut self, acct: &mut Account, to: usize) {
+        acct.route_revision += 1;
+        acct.home = to;
+        let route = self.route_of(acct);
+        let mut p = Object::new();
+        p.insert("route", route);
+        p.insert("certificate", acct.certs[0].clone());
+        p.insert("discoverable", true);
+        self.call(to, &Caller::Anonymous, "account.register", &p)
+            .result
+            .expect("register at new home");
+        for i in 1..acct.devices.len() {
+            let mut p = Object::new();
+            p.insert("certificate", acct.certs[i].clone());
+            let s = Caller::Session(self.open_session(acct, 0).expect("session"));
+            self.call(to, &s, "device.register", &p)
+                .result
+                .expect("device.register");
+        }
+        acct.sessions = (0..acct.devices.len())
+            .map(|i| self.open_session(acct, i).expect("session"))
+            .collect();
+    }
+
+    /// Pops every request in the network without delivering it.
+    pub fn take_outbox(&mut self) -> Vec<InFlight> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Number of timeline records an account has at relay `n` (any kind, any visibility).
+    pub fn record_count(&self, n: usize, acct: &Account) -> usize {
+        let prefix = format!("tl/{}/", acct.id());
+        self.nodes[n]
+            .store
+            .snapshot()
+            .keys()
+            .filter(|k| k.starts_with(prefix.as_bytes()))
+            .count()
+    }
+
+    /// Operator listing of deliveries at relay `n`.
+    pub fn deliveries(&mut self, n: usize, state: Option<&str>) -> Vec<Value> {
+        let mut p = Object::new();
+        if let Some(s) = state {
+            p.insert("state", s);
+        }
+        let r = self
+            .call(n, &Caller::Operator, "admin.deliveries", &p)
+            .result
+            .expect("admin.deliveries");
+        field(&r, "deliveries").and_then(array).unwrap_or_default()
+    }
+}
+
+/// The error code of a response.
+pub fn code_of(r: &Response) -> &'static str {
+    match &r.result {
+        Ok(_) => "ok",
+        Err(e) => e.code.as_str(),
+    }
+}
+
+/// An error body as a peer would send it.
+pub fn error_body(code: &str, data: Option<&str>) -> Vec<u8> {
+    match data {
+        Some(d) => {
+            format!("{{\"error\":{{\"code\":\"{code}\",\"message\":\"test\",\"data\":{d}}}}}")
+                .into_bytes()
+        }
+        None => format!("{{\"error\":{{\"code\":\"{code}\",\"message\":\"test\"}}}}").into_bytes(),
+    }
+}

@@ -157,7 +157,12 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
 
     /// Runs what is due at `now`: attempts, timeouts, deadlines, expiry.
     pub fn tick(&mut self, now: u64) -> Vec<Effect> {
-        self.run(now, |cx| cx.tick().map(|()| Value::Null)).effects
+        self.try_tick(now).effects
+    }
+
+    /// [`Engine::tick`], with the error (if the tick could not commit) for the host's log.
+    pub fn try_tick(&mut self, now: u64) -> Response {
+        self.run(now, |cx| cx.tick().map(|()| Value::Null))
     }
 
     /// The earliest time the engine wants a tick, if any.
