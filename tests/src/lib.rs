@@ -241,6 +241,12 @@ impl World {
 
     /// Advances time by `ms`, ticking relays whose wake-up time has come, and pumps.
     pub fn advance(&mut self, ms: u64) {
+        self.advance_without_network(ms);
+        self.pump();
+    }
+
+    /// Advances time by `ms` and ticks relays whose wake-up time has come; requests stay in the outbox.
+    pub fn advance_without_network(&mut self, ms: u64) {
         self.now += ms;
         for n in 0..self.nodes.len() {
             if self.nodes[n].wake.is_some_and(|w| w <= self.clock(n)) {
@@ -248,7 +254,6 @@ impl World {
                 self.tick(n);
             }
         }
-        self.pump();
     }
 
     /// Runs time forward, wake-up by wake-up, for at most `horizon` ms.
@@ -464,11 +469,17 @@ impl World {
             for e in page.get("entries").and_then(array).unwrap_or_default() {
                 out.push(e.as_object().cloned().unwrap_or_default());
             }
-            after = page
+            let next = page
                 .get("next")
                 .and_then(Value::as_protocol_int)
                 .unwrap_or(after);
-            if page.get("has_more") != Some(&Value::Bool(true)) {
+            let more = page.get("has_more") == Some(&Value::Bool(true));
+            assert!(
+                next > after || !more,
+                "sync cursor did not advance but has_more is set"
+            );
+            after = next;
+            if !more {
                 return out;
             }
         }

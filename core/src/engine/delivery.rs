@@ -452,7 +452,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     self.end_task(id, t, Status::Failed, None, Some(err))
                 }
                 Some((e, data)) => {
-                    self.note_peer_failure(&target, &e.code)?;
+                    if self.note_peer_failure(&target, &e.code)? {
+                        t.failures = 0;
+                    }
                     self.on_error(id, t, e, data)
                 }
                 None => self.unknown(id, t),
@@ -460,7 +462,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             Outcome::Unknown => self.unknown(id, t),
             Outcome::NotAttempted => {
                 t.last_error = Some(ErrorCode::Unavailable.as_str().to_string());
-                self.note_peer_failure(&target, ErrorCode::Unavailable.as_str())?;
+                if self.note_peer_failure(&target, ErrorCode::Unavailable.as_str())? {
+                    t.failures = 0;
+                }
                 if !t.uncertain && !t.want_route_get {
                     // Receipt known not attempted: a higher route may be used.
                     if let Some((relay, rev)) = self.higher_route(&t, None)? {
@@ -475,7 +479,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// An attempt whose outcome was never learned: retry the same target, unchanged.
     fn unknown(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
         let target = t.target.clone();
-        self.note_peer_failure(&target, "result_unknown")?;
+        if self.note_peer_failure(&target, "result_unknown")? {
+            // The destination was healthy until now: a first failure backs off from the start.
+            t.failures = 0;
+        }
         t.last_error = Some("result_unknown".to_string());
         if !t.want_route_get {
             t.uncertain = true;
@@ -483,12 +490,14 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.retry_later(id, t)
     }
 
-    fn note_peer_failure(&mut self, relay: &str, code: &str) -> Result<(), Error> {
+    /// Counts a failure at a destination; says whether it had been healthy until now.
+    fn note_peer_failure(&mut self, relay: &str, code: &str) -> Result<bool, Error> {
         let mut p = self.peer(relay)?;
+        let was_healthy = p.consecutive_failures == 0;
         p.consecutive_failures = p.consecutive_failures.saturating_add(1);
         p.last_error = Some(code.to_string());
         self.save_peer(relay, &p);
-        Ok(())
+        Ok(was_healthy)
     }
 
     /// A destination showed it is alive: its waiting deliveries become due now (retry_after still honoured).

@@ -152,10 +152,20 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 break;
             }
         }
+        // Whether a higher sequence still exists (records past retention are gone).
+        let has_more = acct.latest_seq > next
+            && !self
+                .txn
+                .scan(
+                    &k::record(&s.account, next.saturating_add(1)),
+                    &k::prefix_end(&prefix),
+                    1,
+                )?
+                .is_empty();
         let mut out = Object::new();
         out.insert("entries", Value::Array(entries));
         out.insert("next", next);
-        out.insert("has_more", acct.latest_seq > next);
+        out.insert("has_more", has_more);
         Ok(Value::Object(out))
     }
 }
