@@ -98,3 +98,57 @@ impl Config {
         }
     }
 }
+
+/// The configuration as JSON (what a host passes across a wasm boundary).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct ConfigJson {
+    relay: String,
+    network: String,
+    #[serde(default)]
+    policies: Policies,
+    #[serde(default)]
+    attempt_timeout: Option<u64>,
+    #[serde(default)]
+    max_in_flight_per_destination: Option<u32>,
+    #[serde(default)]
+    tick_batch: Option<usize>,
+}
+
+impl Config {
+    /// Parses `{relay, network, policies?, attempt_timeout?, max_in_flight_per_destination?, tick_batch?}`.
+    pub fn from_json(bytes: &[u8]) -> Result<Config, String> {
+        let c: ConfigJson = serde_json::from_slice(bytes).map_err(|e| format!("config: {e}"))?;
+        let relay = RelayId::parse(&c.relay).map_err(|e| format!("config relay: {e}"))?;
+        if !crate::wire::identity::valid_network(&c.network) {
+            return Err("config network: 1 to 32 characters of a-z, 0-9 and -".into());
+        }
+        if !relay.allowed_on(&c.network) {
+            return Err("config relay: must be https outside the dev network".into());
+        }
+        let mut cfg = Config::new(relay, &c.network);
+        cfg.policies = c.policies;
+        if let Some(t) = c.attempt_timeout {
+            cfg.attempt_timeout = t.max(1);
+        }
+        if let Some(m) = c.max_in_flight_per_destination {
+            cfg.max_in_flight_per_destination = m.max(1);
+        }
+        if let Some(b) = c.tick_batch {
+            cfg.tick_batch = b.max(1);
+        }
+        Ok(cfg)
+    }
+
+    /// The configuration as JSON, the inverse of [`Config::from_json`].
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&ConfigJson {
+            relay: self.relay.as_str().to_string(),
+            network: self.network.clone(),
+            policies: self.policies.clone(),
+            attempt_timeout: Some(self.attempt_timeout),
+            max_in_flight_per_destination: Some(self.max_in_flight_per_destination),
+            tick_batch: Some(self.tick_batch),
+        })
+        .unwrap_or_default()
+    }
+}

@@ -62,6 +62,11 @@ fn error_rec(e: &Error) -> ErrorRec {
     }
 }
 
+/// A valid `data.retry_after` (integer milliseconds) of a rate_limited error.
+fn retry_after(data: Option<&Value>) -> Option<u64> {
+    data?.as_object()?.get("retry_after")?.as_protocol_int()
+}
+
 /// A peer's `{"error": {...}}` body as it came.
 fn parse_error_body(body: &[u8]) -> Option<(ErrorRec, Option<Value>)> {
     let o = json::parse_object(body).ok()?;
@@ -350,18 +355,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     // No route in the error: ask the old target for the route it holds.
                     t.want_route_get = true;
                     t.route_error = Some(e);
-                    t.next_at = self.now;
                     return self.launch(id, t);
                 }
                 self.end_task(id, t, Status::Failed, None, Some(e))
             }
             Reaction::RateLimited => {
-                let wait = data
-                    .as_ref()
-                    .and_then(|d| d.as_object())
-                    .and_then(|d| d.get("retry_after"))
-                    .and_then(Value::as_protocol_int);
-                if let Some(w) = wait {
+                if let Some(w) = retry_after(data.as_ref()) {
                     t.not_before = self.now.saturating_add(w);
                 }
                 self.retry_later(id, t)
@@ -441,9 +440,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 }
             }
             Outcome::Error(body) => match parse_error_body(&body) {
-                Some((e, _)) if was_route_get => {
+                Some((e, data)) if was_route_get => {
                     // route.get failed: retry it if that may help, else fail with the route error.
                     t.last_error = Some(e.code.clone());
+                    if let Some(w) = retry_after(data.as_ref()) {
+                        t.not_before = self.now.saturating_add(w);
+                    }
                     if matches!(reaction(&e.code), Reaction::Retry | Reaction::RateLimited) {
                         return self.retry_later(id, t);
                     }
@@ -554,11 +556,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 .to_string();
             let Some(t) = self.txn.get::<TaskRec>(&k::task(&id))? else {
                 self.txn.delete(key);
+                self.rescheduled = true;
                 continue;
             };
             if k::tail_number(&key[..key.len() - id.len() - 1]) != Some(t.next_at) {
                 // A stale index entry (the task moved); drop it.
                 self.txn.delete(key);
+                self.rescheduled = true;
                 continue;
             }
             match t.state {

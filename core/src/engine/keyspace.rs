@@ -131,3 +131,7 @@ pub(crate) fn invite_uses(issuer: &str, invite: &str) -> Vec<u8> {
 pub(crate) fn bucket(kind: &str, id: &str) -> Vec<u8> {
     format!("rate/{kind}/{id}").into_bytes()
 }
+/// A relay request nonce seen (replay protection).
+pub(crate) fn relay_nonce(relay: &str, nonce: &str) -> Vec<u8> {
+    format!("rnonce/{relay}\n{nonce}").into_bytes()
+}

@@ -97,6 +97,14 @@ pub fn error_body(e: &Error) -> Value {
     Value::Object(outer)
 }
 
+/// Who holds a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub account: String,
+    pub device_id: String,
+    pub expires_at: u64,
+}
+
 /// The relay engine over a host's storage and entropy.
 pub struct Engine<S: Storage, E: Entropy> {
     config: Config,
@@ -163,6 +171,58 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
     /// [`Engine::tick`], with the error (if the tick could not commit) for the host's log.
     pub fn try_tick(&mut self, now: u64) -> Response {
         self.run(now, |cx| cx.tick().map(|()| Value::Null))
+    }
+
+    /// Completes relay authentication: verifies the signature under the source's key and
+    /// consumes the nonce (a `(relay, nonce)` seen within twice the clock tolerance is refused).
+    pub fn authenticate_relay(
+        &mut self,
+        request: &crate::wire::relay_request::Prechecked,
+        source_key: &[u8; 32],
+        now: u64,
+    ) -> Result<RelayId, Error> {
+        request.verify(source_key)?;
+        let source = request.source.clone();
+        let r = self.run(now, |cx| {
+            cx.consume_relay_nonce(request).map(|()| Value::Null)
+        });
+        r.result.map(|_| source)
+    }
+
+    /// The account, device and expiry of a session token (for hosts that bind WebSockets to it).
+    pub fn session_info(&mut self, token: &str, now: u64) -> Result<SessionInfo, Error> {
+        let caller = Caller::Session(token.to_string());
+        let r = self.run(now, |cx| cx.session_info(&caller));
+        let v = r.result?;
+        let o = v.as_object().cloned().unwrap_or_default();
+        let get = |k: &str| {
+            o.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        Ok(SessionInfo {
+            account: get("account"),
+            device_id: get("device_id"),
+            expires_at: o
+                .get("expires_at")
+                .and_then(Value::as_protocol_int)
+                .unwrap_or(0),
+        })
+    }
+
+    /// This relay's `/.well-known/relay` document, given its public key.
+    pub fn well_known(&self, relay_key: &[u8; 32]) -> Value {
+        let policies = serde_json::to_vec(&self.config.policies)
+            .ok()
+            .and_then(|b| crate::wire::json::parse(&b).ok())
+            .unwrap_or(Value::Null);
+        crate::wire::relay_request::well_known(
+            &self.config.relay,
+            &self.config.network,
+            relay_key,
+            policies,
+        )
     }
 
     /// The earliest time the engine wants a tick, if any.

@@ -144,6 +144,35 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         })
     }
 
+    /// The session's holder, as a value (for `Engine::session_info`).
+    pub(crate) fn session_info(&mut self, caller: &Caller) -> Result<Value, Error> {
+        let Caller::Session(token) = caller else {
+            return Err(unauthenticated("no session"));
+        };
+        let s = self.session(caller, Need::Any)?;
+        let rec: Option<SessionRec> = self.txn.get(&k::session(&token_hash(token)))?;
+        let mut out = Object::new();
+        out.insert("account", s.account);
+        out.insert("device_id", s.device_id);
+        out.insert("expires_at", rec.map_or(0, |r| r.expires_at));
+        Ok(Value::Object(out))
+    }
+
+    /// Records a relay request nonce, refusing one already seen within twice the clock tolerance.
+    pub(crate) fn consume_relay_nonce(
+        &mut self,
+        request: &crate::wire::relay_request::Prechecked,
+    ) -> Result<(), Error> {
+        let key = k::relay_nonce(request.source.as_str(), &request.nonce);
+        if self.txn.get_raw(&key)?.is_some() {
+            return Err(unauthenticated("relay authentication: nonce already used"));
+        }
+        self.txn.put_raw(key.clone(), Vec::new());
+        let tol = self.cfg.policies.clock_tolerance;
+        self.expire_at(request.ts.saturating_add(2 * tol).saturating_add(1), &key);
+        Ok(())
+    }
+
     /// Removes every session of a device (it was revoked).
     pub(crate) fn end_device_sessions(&mut self, account: &str, device: &str) -> Result<(), Error> {
         let prefix = k::device_sessions(account, device);

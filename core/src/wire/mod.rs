@@ -9,6 +9,7 @@ pub mod field;
 pub mod identity;
 pub mod json;
 pub mod key_box;
+pub mod relay_request;
 pub mod route;
 pub mod session_open;
 pub mod signature;

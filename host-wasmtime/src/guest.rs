@@ -1,0 +1,273 @@
+//! The core component inside wasmtime: instantiation, limits, and recovery from traps.
+
+use crate::store::AnyStore;
+use relay_core::engine::Storage;
+use std::path::Path;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+
+wasmtime::component::bindgen!({ world: "relay", path: "../wit" });
+
+use relay::core::host;
+pub use relay::core::types::{PeerMethod, PeerRequest};
+
+/// Fuel for one call: far above any legitimate operation, so only a runaway guest meets it.
+const FUEL_PER_CALL: u64 = 20_000_000_000;
+/// Linear memory the guest may grow to.
+const MEMORY_LIMIT: usize = 512 << 20;
+
+/// What the guest's imports reach.
+pub struct HostState {
+    store: AnyStore,
+    limits: StoreLimits,
+}
+
+impl host::Host for HostState {
+    fn storage_get(&mut self, key: Vec<u8>) -> Result<Option<Vec<u8>>, String> {
+        self.store.get(&key).map_err(|e| e.0)
+    }
+    fn storage_scan(
+        &mut self,
+        start: Vec<u8>,
+        end: Vec<u8>,
+        limit: u32,
+    ) -> Result<Vec<host::Entry>, String> {
+        self.store
+            .scan(&start, &end, limit as usize)
+            .map(|rows| {
+                rows.into_iter()
+                    .map(|(key, value)| host::Entry { key, value })
+                    .collect()
+            })
+            .map_err(|e| e.0)
+    }
+    fn storage_commit(&mut self, writes: Vec<host::Write>) -> Result<(), String> {
+        self.store
+            .commit(writes.into_iter().map(|w| (w.key, w.value)).collect())
+            .map_err(|e| e.0)
+    }
+    fn log(&mut self, level: host::Level, message: String) {
+        match level {
+            host::Level::Debug => tracing::debug!(target: "relay::core", "{message}"),
+            host::Level::Info => tracing::info!(target: "relay::core", "{message}"),
+            host::Level::Warn => tracing::warn!(target: "relay::core", "{message}"),
+            host::Level::Error => tracing::error!(target: "relay::core", "{message}"),
+        }
+    }
+    fn entropy(&mut self, len: u32) -> Vec<u8> {
+        let mut buf = vec![0u8; len.min(4096) as usize];
+        // The OS CSPRNG failing is not recoverable; an all-zero token would be worse than a trap.
+        getrandom::fill(&mut buf).expect("OS random source");
+        buf
+    }
+}
+
+impl relay::core::types::Host for HostState {}
+
+/// A loaded, initialized core instance.
+pub struct Core {
+    engine: Engine,
+    component: Component,
+    linker: Linker<HostState>,
+    config_json: String,
+    seed: [u8; 32],
+    store: Store<HostState>,
+    instance: Relay,
+    /// Traps survived (each replaced the instance).
+    pub traps: u64,
+}
+
+/// The wasmtime engine configuration: fuel and epochs bound every call.
+pub fn wasm_engine() -> wasmtime::Result<Engine> {
+    let mut cfg = Config::new();
+    cfg.wasm_component_model(true)
+        .consume_fuel(true)
+        .epoch_interruption(true);
+    Engine::new(&cfg)
+}
+
+fn instantiate(
+    engine: &Engine,
+    component: &Component,
+    linker: &Linker<HostState>,
+    store: AnyStore,
+    config_json: &str,
+    seed: &[u8; 32],
+) -> wasmtime::Result<(Store<HostState>, Relay)> {
+    let limits = StoreLimitsBuilder::new()
+        .memory_size(MEMORY_LIMIT)
+        .instances(16)
+        .trap_on_grow_failure(true)
+        .build();
+    let mut s = Store::new(engine, HostState { store, limits });
+    s.limiter(|h| &mut h.limits);
+    s.set_fuel(FUEL_PER_CALL)?;
+    s.set_epoch_deadline(u64::MAX / 2);
+    let instance = Relay::instantiate(&mut s, component, linker)?;
+    instance
+        .call_init(&mut s, config_json, seed)?
+        .map_err(|e| wasmtime::format_err!("core init: {e}"))?;
+    Ok((s, instance))
+}
+
+impl Core {
+    /// Loads the component at `path` over `store`, with the engine configuration as JSON.
+    pub fn load(
+        engine: &Engine,
+        path: &Path,
+        store: AnyStore,
+        config_json: String,
+        seed: [u8; 32],
+    ) -> wasmtime::Result<Core> {
+        let bytes =
+            std::fs::read(path).map_err(|e| wasmtime::format_err!("{}: {e}", path.display()))?;
+        let component = Component::from_binary(engine, &bytes)?;
+        for (name, _) in component.component_type().imports(engine) {
+            if !name.starts_with("relay:core/") {
+                wasmtime::bail!(
+                    "the component imports {name}; a relay core may import only relay:core/*"
+                );
+            }
+        }
+        let mut linker = Linker::new(engine);
+        Relay::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        let (store, instance) =
+            instantiate(engine, &component, &linker, store, &config_json, &seed)?;
+        Ok(Core {
+            engine: engine.clone(),
+            component,
+            linker,
+            config_json,
+            seed,
+            store,
+            instance,
+            traps: 0,
+        })
+    }
+
+    /// Runs one export with a fresh budget; after a trap the instance is replaced over the same storage.
+    fn guarded<R>(
+        &mut self,
+        f: impl FnOnce(&Relay, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Option<R> {
+        let _ = self.store.set_fuel(FUEL_PER_CALL);
+        self.store.set_epoch_deadline(crate::EPOCHS_PER_CALL);
+        match f(&self.instance, &mut self.store) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                self.traps += 1;
+                tracing::error!(
+                    "core trapped: {e:#}; starting a fresh instance over the same storage"
+                );
+                self.recover();
+                None
+            }
+        }
+    }
+
+    fn recover(&mut self) {
+        // The trapped instance's uncommitted writes died with it; storage is intact.
+        let placeholder = AnyStore::Memory(relay_core::engine::MemoryStore::new());
+        let old = std::mem::replace(&mut self.store.data_mut().store, placeholder);
+        match instantiate(
+            &self.engine,
+            &self.component,
+            &self.linker,
+            old,
+            &self.config_json,
+            &self.seed,
+        ) {
+            Ok((store, instance)) => {
+                self.store = store;
+                self.instance = instance;
+            }
+            Err(e) => tracing::error!("could not restart the core: {e:#}"),
+        }
+    }
+
+    /// Calls a protocol method.
+    pub fn call(&mut self, caller: &Caller, method: &str, params: &[u8], now: u64) -> Reply {
+        self.guarded(|i, s| i.call_call(s, caller, method, params, now))
+            .unwrap_or_else(internal_reply)
+    }
+
+    /// Reports a delivery outcome.
+    pub fn outcome(
+        &mut self,
+        task: &str,
+        attempt: u32,
+        outcome: &Outcome,
+        now: u64,
+    ) -> Vec<Effect> {
+        self.guarded(|i, s| i.call_outcome(s, task, attempt, outcome, now))
+            .unwrap_or_default()
+    }
+
+    /// Runs what is due.
+    pub fn tick(&mut self, now: u64) -> Vec<Effect> {
+        self.guarded(|i, s| i.call_tick(s, now)).unwrap_or_default()
+    }
+
+    /// When the core wants its next tick.
+    pub fn next_wake(&mut self) -> Option<u64> {
+        self.guarded(|i, s| i.call_next_wake(s)).flatten()
+    }
+
+    /// The holder of a session token.
+    pub fn session(&mut self, token: &str, now: u64) -> Result<SessionInfo, Reply> {
+        self.guarded(|i, s| i.call_session(s, token, now))
+            .unwrap_or_else(|| Err(internal_reply()))
+    }
+
+    /// Signs an outbound relay request.
+    pub fn sign_request(
+        &mut self,
+        method: &str,
+        target: &str,
+        body: &[u8],
+        now: u64,
+    ) -> Option<RelayHeaders> {
+        self.guarded(|i, s| i.call_sign_request(s, method, target, body, now))
+            .and_then(|r| r.ok())
+    }
+
+    /// Cheap checks of an inbound relay request; the source relay id.
+    pub fn check_request(
+        &mut self,
+        h: &RelayHeaders,
+        method: &str,
+        body: &[u8],
+        now: u64,
+    ) -> Result<String, Reply> {
+        self.guarded(|i, s| i.call_check_request(s, h, method, body, now))
+            .unwrap_or_else(|| Err(internal_reply()))
+    }
+
+    /// Verifies an inbound relay request under the source's key.
+    pub fn authenticate_request(
+        &mut self,
+        h: &RelayHeaders,
+        method: &str,
+        body: &[u8],
+        now: u64,
+        key: &[u8],
+    ) -> Result<String, Reply> {
+        self.guarded(|i, s| i.call_authenticate_request(s, h, method, body, now, key))
+            .unwrap_or_else(|| Err(internal_reply()))
+    }
+
+    /// The `/.well-known/relay` document.
+    pub fn well_known(&mut self) -> Vec<u8> {
+        self.guarded(|i, s| i.call_well_known(s))
+            .unwrap_or_default()
+    }
+}
+
+/// The answer after a trap: nothing was committed.
+pub fn internal_reply() -> Reply {
+    Reply {
+        status: 500,
+        body: br#"{"error":{"code":"internal","message":"the relay core failed; nothing was accepted"}}"#.to_vec(),
+        effects: Vec::new(),
+    }
+}

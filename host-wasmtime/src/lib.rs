@@ -1,0 +1,350 @@
+//! The wasmtime host: runs the relay core component and does the I/O it asks for.
+//!
+//! One thread owns the component instance and its storage; every call is a
+//! job on that thread, so the core's operations are serialized exactly as
+//! the engine expects. The async side (axum, tokio) moves bytes, keeps time,
+//! runs timers and executes effects. No protocol logic lives here.
+
+pub mod guest;
+mod hub;
+mod outbound;
+mod server;
+pub mod settings;
+pub mod store;
+
+use anyhow::Context;
+use guest::{Core, Effect, Reply};
+use relay_core::engine::{Config, MemoryStore};
+use relay_core::wire::identity::RelayId;
+use settings::Settings;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use store::{AnyStore, SqliteStore};
+use tokio::sync::{oneshot, watch};
+
+/// Epoch ticks (10 ms each) a single call may run before it is interrupted.
+pub const EPOCHS_PER_CALL: u64 = 1_000;
+
+/// Milliseconds since the Unix epoch: the only clock, read by the host and passed in.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+type Job = Box<dyn FnOnce(&mut Core) + Send>;
+
+/// A handle to the thread that owns the core.
+#[derive(Clone)]
+pub struct CoreHandle {
+    tx: std::sync::mpsc::Sender<Job>,
+}
+
+impl CoreHandle {
+    /// Runs `f` on the core thread and waits for its answer.
+    pub async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Core) -> R + Send + 'static,
+    ) -> R {
+        let (otx, orx) = oneshot::channel();
+        let job: Job = Box::new(move |core| {
+            let _ = otx.send(f(core));
+        });
+        if self.tx.send(job).is_err() {
+            panic!("the core thread has stopped");
+        }
+        orx.await.expect("the core thread dropped a job")
+    }
+}
+
+/// Shared state of a running relay.
+pub struct App {
+    pub core: CoreHandle,
+    pub relay: RelayId,
+    pub network: String,
+    pub max_request_bytes: usize,
+    pub admin_token: String,
+    hub: hub::Hub,
+    wake: watch::Sender<Option<u64>>,
+    peers: outbound::Peers,
+}
+
+impl App {
+    /// Executes a call's effects: outbound deliveries, timers, notifications, session ends.
+    pub fn dispatch(self: &Arc<App>, effects: Vec<Effect>) {
+        for e in effects {
+            match e {
+                Effect::Send(req) => {
+                    let app = self.clone();
+                    tokio::spawn(async move { outbound::attempt(app, req).await });
+                }
+                Effect::WakeAt(at) => {
+                    self.wake.send_if_modified(|w| {
+                        let changed = *w != Some(at);
+                        *w = Some(at);
+                        changed
+                    });
+                }
+                Effect::Notify(n) => self.hub.notify(&n.account, n.latest_seq),
+                Effect::EndDeviceSessions(d) => self.hub.end_device(&d.account, &d.device_id),
+            }
+        }
+    }
+
+    /// Calls a method and executes its effects; the reply goes back to the caller.
+    pub async fn call(
+        self: &Arc<App>,
+        caller: guest::Caller,
+        method: String,
+        params: Vec<u8>,
+    ) -> Reply {
+        let mut reply = self
+            .core
+            .run(move |c| c.call(&caller, &method, &params, now_ms()))
+            .await;
+        self.dispatch(std::mem::take(&mut reply.effects));
+        reply
+    }
+}
+
+/// A relay that is serving.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub url: String,
+    pub app: Arc<App>,
+    shutdown: Option<oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight requests finish, and stops the core after its last commit.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        if let Some(d) = self.done.take() {
+            let _ = d.await;
+        }
+    }
+}
+
+fn load_or_create_secret(path: &std::path::Path, len: usize) -> anyhow::Result<Vec<u8>> {
+    if let Ok(text) = std::fs::read_to_string(path) {
+        let bytes = relay_core::wire::base64url::decode(text.trim())
+            .with_context(|| format!("{} is not base64url", path.display()))?;
+        anyhow::ensure!(
+            bytes.len() == len,
+            "{} must hold {len} bytes",
+            path.display()
+        );
+        return Ok(bytes);
+    }
+    let mut b = vec![0u8; len];
+    getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("OS random source: {e}"))?;
+    std::fs::write(path, relay_core::wire::base64url::encode(&b))?;
+    Ok(b)
+}
+
+/// Starts a relay: loads the component, opens storage, binds the port, serves until stopped.
+pub async fn start(settings: Settings) -> anyhow::Result<Running> {
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("binding {}", settings.listen))?;
+    let addr = listener.local_addr()?;
+    let url = settings
+        .url
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"));
+    let relay = RelayId::parse(&url).map_err(|e| anyhow::anyhow!("--url {url}: {e}"))?;
+    let mut config = Config::new(relay.clone(), &settings.network);
+    config.policies = settings.policies.clone();
+    if let Some(t) = settings.attempt_timeout {
+        config.attempt_timeout = t;
+    }
+    if let Some(m) = settings.max_in_flight_per_destination {
+        config.max_in_flight_per_destination = m;
+    }
+    let (seed, admin_token, store_path) = match &settings.data {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let seed = load_or_create_secret(&dir.join("relay.key"), 32)?;
+            let admin = load_or_create_secret(&dir.join("admin.token"), 24)?;
+            (
+                seed,
+                relay_core::wire::base64url::encode(&admin),
+                Some(dir.join("relay.sqlite")),
+            )
+        }
+        None => {
+            let mut s = vec![0u8; 32];
+            let mut a = vec![0u8; 24];
+            getrandom::fill(&mut s).map_err(|e| anyhow::anyhow!("{e}"))?;
+            getrandom::fill(&mut a).map_err(|e| anyhow::anyhow!("{e}"))?;
+            (s, relay_core::wire::base64url::encode(&a), None)
+        }
+    };
+    let seed: [u8; 32] = seed.try_into().map_err(|_| anyhow::anyhow!("relay key"))?;
+    let component = settings.component_path();
+    let config_json = String::from_utf8(config.to_json())?;
+
+    let engine = guest::wasm_engine().map_err(|e| anyhow::anyhow!("wasmtime: {e:#}"))?;
+    {
+        // Epoch ticker: bounds the wall-clock time of any single call.
+        let engine = engine.clone();
+        std::thread::Builder::new()
+            .name("relay-epoch".into())
+            .spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                engine.increment_epoch();
+            })?;
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    std::thread::Builder::new()
+        .name("relay-core".into())
+        .spawn(move || {
+            let store = match &store_path {
+                Some(p) => SqliteStore::open(p)
+                    .map(AnyStore::Sqlite)
+                    .map_err(|e| anyhow::anyhow!("{e}")),
+                None => Ok(AnyStore::Memory(MemoryStore::new())),
+            };
+            let core = store.and_then(|s| {
+                Core::load(&engine, &component, s, config_json, seed)
+                    .map_err(|e| anyhow::anyhow!("loading {}: {e:#}", component.display()))
+            });
+            let mut core = match core {
+                Ok(c) => {
+                    let _ = ready_tx.send(Ok(()));
+                    c
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            // Jobs run until every handle is gone; the last job's commit finishes first.
+            for job in rx {
+                job(&mut core);
+            }
+        })?;
+    ready_rx.recv().context("the core thread died")??;
+
+    let (wake_tx, wake_rx) = watch::channel(None);
+    let app = Arc::new(App {
+        core: CoreHandle { tx },
+        relay: relay.clone(),
+        network: settings.network.clone(),
+        max_request_bytes: settings.policies.max_request_bytes as usize,
+        admin_token,
+        hub: hub::Hub::default(),
+        wake: wake_tx,
+        peers: outbound::Peers::new(),
+    });
+    let first = app.core.run(|c| c.next_wake()).await;
+    app.wake.send_replace(first);
+    tokio::spawn(timer(app.clone(), wake_rx));
+
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let router = server::router(app.clone());
+    let done = tokio::spawn(async move {
+        let serve = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = stop_rx.await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!("server: {e}");
+        }
+    });
+    tracing::info!(relay = %url, network = %settings.network, "relay serving");
+    Ok(Running {
+        addr,
+        url,
+        app,
+        shutdown: Some(stop_tx),
+        done: Some(done),
+    })
+}
+
+/// Sleeps until the core's next wake-up, ticks it, and repeats.
+async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
+    loop {
+        let next = *wake.borrow_and_update();
+        let sleep = async {
+            match next {
+                Some(at) => {
+                    let now = now_ms();
+                    // A wake-up already due still waits a millisecond, so a stuck core cannot spin.
+                    tokio::time::sleep(std::time::Duration::from_millis(
+                        at.saturating_sub(now).max(1),
+                    ))
+                    .await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = sleep => {
+                let (effects, next) = app.core.run(|c| {
+                    let e = c.tick(now_ms());
+                    (e, c.next_wake())
+                }).await;
+                app.wake.send_replace(next);
+                app.dispatch(effects);
+            }
+            changed = wake.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A small HTTP client for tools and tests (plain HTTP, no redirects).
+pub struct AdminClient(outbound::Peers);
+
+impl AdminClient {
+    /// POSTs `body` to `url`; returns the status and body.
+    pub async fn post(
+        &self,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> anyhow::Result<(u16, Vec<u8>)> {
+        match self
+            .0
+            .exchange(hyper::Method::POST, url, headers, body)
+            .await
+        {
+            outbound::Exchange::Answered(s, b) => Ok((s, b)),
+            outbound::Exchange::NotSent(e) | outbound::Exchange::Unknown(e) => {
+                anyhow::bail!("{url}: {e}")
+            }
+        }
+    }
+
+    /// GETs `url`.
+    pub async fn get(&self, url: &str) -> anyhow::Result<(u16, Vec<u8>)> {
+        match self
+            .0
+            .exchange(hyper::Method::GET, url, &[], Vec::new())
+            .await
+        {
+            outbound::Exchange::Answered(s, b) => Ok((s, b)),
+            outbound::Exchange::NotSent(e) | outbound::Exchange::Unknown(e) => {
+                anyhow::bail!("{url}: {e}")
+            }
+        }
+    }
+}
+
+/// A client for `relay admin` and tests.
+pub fn admin_client() -> AdminClient {
+    AdminClient(outbound::Peers::new())
+}

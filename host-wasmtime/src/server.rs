@@ -1,0 +1,369 @@
+//! The transports of protocol.md §6 on one port: HTTP, WebSocket, relay RPC, `/.well-known/relay`.
+
+use crate::guest::{Caller, RelayHeaders, Reply};
+use crate::hub::Outgoing;
+use crate::{now_ms, App};
+use axum::body::Body;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use http_body_util::BodyExt;
+use relay_core::wire::canonical;
+use relay_core::wire::identity::RelayId;
+use relay_core::wire::json::{self, Object, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Methods other relays may call.
+const RELAY_METHODS: &[&str] = &[
+    "message.deliver",
+    "route.get",
+    "route.publish",
+    "device.list",
+];
+
+/// The relay's routes.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/ws", get(websocket))
+        .route("/v1/{method}", post(client_call))
+        .route("/relay/v1/{method}", post(relay_call))
+        .route("/admin/v1/{method}", post(admin_call))
+        .route("/.well-known/relay", get(well_known))
+        .with_state(app)
+}
+
+fn json_response(status: u16, body: Vec<u8>) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error_response(code: relay_core::ErrorCode, message: &str) -> Response {
+    let e = relay_core::Error::new(code, message);
+    json_response(
+        code.http_status(),
+        canonical::to_vec(&relay_core::engine::error_body(&e)),
+    )
+}
+
+fn reply_response(reply: Reply) -> Response {
+    let mut r = json_response(reply.status, reply.body.clone());
+    if reply.status == 429 {
+        // Mirror data.retry_after (ms) as Retry-After (seconds, rounded up).
+        if let Some(ms) = json::parse(&reply.body)
+            .ok()
+            .and_then(|v| v.as_object().and_then(|o| o.get("error")).cloned())
+            .and_then(|e| e.as_object().and_then(|o| o.get("data")).cloned())
+            .and_then(|d| {
+                d.as_object()
+                    .and_then(|o| o.get("retry_after"))
+                    .and_then(Value::as_protocol_int)
+            })
+        {
+            if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
+                r.headers_mut().insert("retry-after", v);
+            }
+        }
+    }
+    r
+}
+
+/// Reads a request body, refusing one over the limit before any of it is parsed.
+async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, Response> {
+    let limit = app.max_request_bytes;
+    let too_large = || {
+        error_response(
+            relay_core::ErrorCode::PayloadTooLarge,
+            &format!("request body exceeds max_request_bytes {limit}"),
+        )
+    };
+    if let Some(len) = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        if len > limit {
+            return Err(too_large());
+        }
+    }
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(b) => Ok(b.to_bytes().to_vec()),
+        Err(_) => Err(too_large()),
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get("authorization")?.to_str().ok()?;
+    v.strip_prefix("Bearer ").map(|t| t.trim().to_string())
+}
+
+async fn client_call(
+    State(app): State<Arc<App>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let body = match read_body(&app, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let caller = match bearer(&headers) {
+        Some(t) => Caller::Session(t),
+        None => Caller::Anonymous,
+    };
+    if method.starts_with("admin.") {
+        return error_response(relay_core::ErrorCode::NotFound, "unknown method");
+    }
+    reply_response(app.call(caller, method, body).await)
+}
+
+async fn admin_call(
+    State(app): State<Arc<App>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let body = match read_body(&app, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if bearer(&headers).as_deref() != Some(app.admin_token.as_str()) {
+        return error_response(
+            relay_core::ErrorCode::Unauthenticated,
+            "operator token required",
+        );
+    }
+    reply_response(
+        app.call(Caller::Operator, format!("admin.{method}"), body)
+            .await,
+    )
+}
+
+fn relay_headers(h: &HeaderMap) -> Option<RelayHeaders> {
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+    Some(RelayHeaders {
+        relay_id: get("relay-id")?,
+        timestamp: get("relay-timestamp")?,
+        nonce: get("relay-nonce")?,
+        signature: get("relay-signature")?,
+    })
+}
+
+async fn relay_call(
+    State(app): State<Arc<App>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let body = match read_body(&app, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if !RELAY_METHODS.contains(&method.as_str()) {
+        return error_response(relay_core::ErrorCode::NotFound, "not a relay method");
+    }
+    let Some(h) = relay_headers(&headers) else {
+        return error_response(
+            relay_core::ErrorCode::Unauthenticated,
+            "relay authentication headers are missing",
+        );
+    };
+    // to, method and ts first; only then the source's key.
+    let (h2, m2, b2) = (h.clone(), method.clone(), body.clone());
+    let source = match app
+        .core
+        .run(move |c| c.check_request(&h2, &m2, &b2, now_ms()))
+        .await
+    {
+        Ok(s) => s,
+        Err(r) => return reply_response(r),
+    };
+    let Ok(source_id) = RelayId::parse(&source) else {
+        return error_response(relay_core::ErrorCode::Unauthenticated, "bad Relay-Id");
+    };
+    let mut verdict = None;
+    for refresh in [false, true] {
+        let Some(key) = app.peers.key(&source_id, &app.network, refresh).await else {
+            continue;
+        };
+        let (h2, m2, b2) = (h.clone(), method.clone(), body.clone());
+        let r = app
+            .core
+            .run(move |c| c.authenticate_request(&h2, &m2, &b2, now_ms(), &key))
+            .await;
+        let retry = r.is_err() && !refresh;
+        verdict = Some(r);
+        if !retry {
+            break;
+        }
+    }
+    match verdict {
+        Some(Ok(_)) => reply_response(app.call(Caller::Relay(source), method, body).await),
+        Some(Err(r)) => reply_response(r),
+        None => error_response(
+            relay_core::ErrorCode::Unauthenticated,
+            "could not fetch the source relay's key",
+        ),
+    }
+}
+
+async fn well_known(State(app): State<Arc<App>>) -> Response {
+    json_response(200, app.core.run(|c| c.well_known()).await)
+}
+
+async fn websocket(
+    State(app): State<Arc<App>>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    up: WebSocketUpgrade,
+) -> Response {
+    let Some(token) = bearer(&headers).or_else(|| q.get("session").cloned()) else {
+        return error_response(
+            relay_core::ErrorCode::Unauthenticated,
+            "a session is required",
+        );
+    };
+    let t = token.clone();
+    let info = match app.core.run(move |c| c.session(&t, now_ms())).await {
+        Ok(i) => i,
+        Err(r) => return reply_response(r),
+    };
+    let limit = app.max_request_bytes;
+    up.max_message_size(limit + 1024)
+        .on_upgrade(move |socket| serve_socket(app, socket, token, info))
+        .into_response()
+}
+
+/// Parses a frame `{"id", "method", "params"}`; the id is a string of at most 64 characters or an integer.
+fn parse_frame(text: &str) -> Result<(Value, String, Vec<u8>), (Value, relay_core::Error)> {
+    let bad = |id: Value, m: &str| {
+        (
+            id,
+            relay_core::Error::new(relay_core::ErrorCode::InvalidParams, m),
+        )
+    };
+    let o = json::parse_object(text.as_bytes()).map_err(|e| (Value::Null, e.into()))?;
+    let id = o.get("id").cloned().unwrap_or(Value::Null);
+    let id_ok = match &id {
+        Value::String(s) => s.chars().count() <= 64,
+        Value::Number(n) => n.as_protocol_int().is_some(),
+        _ => false,
+    };
+    if !id_ok {
+        return Err(bad(
+            Value::Null,
+            "frame id must be a string of at most 64 characters or an integer",
+        ));
+    }
+    let method = match o.get("method").and_then(Value::as_str) {
+        Some(m) if !m.starts_with("admin.") => m.to_string(),
+        _ => return Err(bad(id, "frame method must be a protocol method")),
+    };
+    let params = match o.get("params") {
+        Some(p @ Value::Object(_)) => canonical::to_vec(p),
+        _ => return Err(bad(id, "frame params must be an object")),
+    };
+    Ok((id, method, params))
+}
+
+fn answer_frame(id: Value, body: &[u8], ok: bool) -> String {
+    let mut o = Object::new();
+    o.insert("id", id);
+    let v = json::parse(body).unwrap_or(Value::Null);
+    if ok {
+        o.insert("result", v);
+    } else {
+        let e = v
+            .as_object()
+            .and_then(|o| o.get("error"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        o.insert("error", e);
+    }
+    canonical::to_string(&Value::Object(o))
+}
+
+async fn serve_socket(
+    app: Arc<App>,
+    socket: WebSocket,
+    token: String,
+    info: crate::guest::SessionInfo,
+) {
+    use futures_util::{SinkExt, StreamExt};
+    let (mut sink, mut stream) = socket.split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+    let conn = app.hub.add(&info.account, &info.device_id, tx.clone());
+    let expiry = tx.clone();
+    let expires_in = info.expires_at.saturating_sub(now_ms());
+    let timer = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(expires_in)).await;
+        let _ = expiry.send(Outgoing::Close(4401, "session expired".into()));
+    });
+    let writer = tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            match m {
+                Outgoing::Text(t) => {
+                    if sink.send(Message::Text(t.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Outgoing::Close(code, reason) => {
+                    let _ = sink
+                        .send(Message::Close(Some(CloseFrame {
+                            code,
+                            reason: reason.into(),
+                        })))
+                        .await;
+                    break;
+                }
+            }
+        }
+    });
+    while let Some(Ok(msg)) = stream.next().await {
+        let text = match msg {
+            Message::Text(t) => t.as_str().to_string(),
+            Message::Close(_) => break,
+            _ => continue,
+        };
+        if text.len() > app.max_request_bytes {
+            let e = relay_core::Error::new(
+                relay_core::ErrorCode::PayloadTooLarge,
+                "frame exceeds max_request_bytes",
+            );
+            let body = canonical::to_vec(&relay_core::engine::error_body(&e));
+            let _ = tx.send(Outgoing::Text(answer_frame(Value::Null, &body, false)));
+            continue;
+        }
+        let frame = match parse_frame(&text) {
+            Ok(f) => f,
+            Err((id, e)) => {
+                let body = canonical::to_vec(&relay_core::engine::error_body(&e));
+                let _ = tx.send(Outgoing::Text(answer_frame(id, &body, false)));
+                continue;
+            }
+        };
+        let (id, method, params) = frame;
+        let reply = app
+            .call(Caller::Session(token.clone()), method, params)
+            .await;
+        let _ = tx.send(Outgoing::Text(answer_frame(
+            id,
+            &reply.body,
+            reply.status == 200,
+        )));
+        if reply.status == 401 {
+            let _ = tx.send(Outgoing::Close(4401, "session ended".into()));
+        }
+    }
+    timer.abort();
+    app.hub.remove(&info.account, conn);
+    drop(tx);
+    let _ = writer.await;
+}

@@ -1,0 +1,114 @@
+//! How a relay is configured: flags, an optional TOML file, and defaults.
+
+use relay_core::engine::Policies;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Everything needed to start a relay.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    /// The public relay id; default `http://` + the listen address.
+    pub url: Option<String>,
+    /// Data directory (SQLite database, relay key); `None` keeps everything in memory.
+    pub data: Option<PathBuf>,
+    pub network: String,
+    pub policies: Policies,
+    /// The core component; default: next to the binary, then `target/component/`.
+    pub component: Option<PathBuf>,
+    /// Engine tunables.
+    pub attempt_timeout: Option<u64>,
+    pub max_in_flight_per_destination: Option<u32>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            url: None,
+            data: Some(PathBuf::from(".relay")),
+            network: "dev".into(),
+            policies: Policies::default(),
+            component: None,
+            attempt_timeout: None,
+            max_in_flight_per_destination: None,
+        }
+    }
+}
+
+/// The TOML file's shape (every key optional; flags override it).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSettings {
+    pub listen: Option<String>,
+    pub url: Option<String>,
+    pub data: Option<String>,
+    pub network: Option<String>,
+    pub component: Option<String>,
+    pub memory: Option<bool>,
+    #[serde(default)]
+    pub policy: BTreeMap<String, u64>,
+}
+
+impl Settings {
+    /// Applies a TOML configuration file.
+    pub fn apply_file(&mut self, text: &str) -> anyhow::Result<()> {
+        let f: FileSettings = toml::from_str(text)?;
+        if let Some(l) = f.listen {
+            self.listen = l.parse()?;
+        }
+        if f.url.is_some() {
+            self.url = f.url;
+        }
+        if let Some(d) = f.data {
+            self.data = Some(PathBuf::from(d));
+        }
+        if f.memory == Some(true) {
+            self.data = None;
+        }
+        if let Some(n) = f.network {
+            self.network = n;
+        }
+        if let Some(c) = f.component {
+            self.component = Some(PathBuf::from(c));
+        }
+        for (k, v) in f.policy {
+            self.policies.set(&k, v).map_err(anyhow::Error::msg)?;
+        }
+        Ok(())
+    }
+
+    /// Applies one `--policy NAME=VALUE`.
+    pub fn apply_policy(&mut self, spec: &str) -> anyhow::Result<()> {
+        let (k, v) = spec
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--policy takes NAME=VALUE"))?;
+        let v: u64 = v
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--policy {k}: value must be an integer"))?;
+        self.policies.set(k.trim(), v).map_err(anyhow::Error::msg)
+    }
+
+    /// The component to load.
+    pub fn component_path(&self) -> PathBuf {
+        if let Some(p) = &self.component {
+            return p.clone();
+        }
+        if let Ok(p) = std::env::var("RELAY_COMPONENT") {
+            return PathBuf::from(p);
+        }
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join("../component/relay_core.wasm")));
+        match beside {
+            Some(p) if p.exists() => p,
+            _ => PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../target/component/relay_core.wasm"
+            )),
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Build steps that cargo alone cannot express.
+//!
+//! `cargo run -p xtask -- component` builds `relay-component` for
+//! wasm32-unknown-unknown, strips DWARF, encodes it as a component with
+//! wit-component (no adapter: it imports no WASI), validates it, and checks
+//! that its only imports are the `relay:core` host interface and types, and
+//! that no wasm-bindgen import leaked in. The result is
+//! `target/component/relay_core.wasm`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use wasmparser::{Parser, Payload, Validator, WasmFeatures};
+
+type Result<T> = std::result::Result<T, String>;
+
+/// Imports a relay core component may have; anything else fails the build.
+const ALLOWED_IMPORTS: &[&str] = &["relay:core/host@0.1.0", "relay:core/types@0.1.0"];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("component") => build_component(),
+        Some("check-component") => match args.get(1) {
+            Some(p) => std::fs::read(p)
+                .map_err(|e| format!("{p}: {e}"))
+                .and_then(|b| check(&b)),
+            None => Err("usage: xtask check-component FILE".into()),
+        },
+        _ => Err("usage: xtask component | check-component FILE".into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn build_component() -> Result<()> {
+    let root = root();
+    // Built on its own: sharing a cargo invocation with the wasm-bindgen crate would unify features.
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "relay-component",
+            "--target",
+            "wasm32-unknown-unknown",
+        ])
+        .status()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !status.success() {
+        return Err("building relay-component failed".into());
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    let module = std::fs::read(target.join("wasm32-unknown-unknown/release/relay_component.wasm"))
+        .map_err(|e| format!("reading the core module: {e}"))?;
+    let module = strip_debug(&module)?;
+    let component = wit_component::ComponentEncoder::default()
+        .module(&module)
+        .map_err(|e| format!("component encoding: {e:#}"))?
+        .validate(true)
+        .encode()
+        .map_err(|e| format!("component encoding: {e:#}"))?;
+    check(&component)?;
+    let out = target.join("component");
+    std::fs::create_dir_all(&out).map_err(|e| e.to_string())?;
+    let path = out.join("relay_core.wasm");
+    std::fs::write(&path, &component).map_err(|e| e.to_string())?;
+    println!("{} ({} bytes)", display(&path), component.len());
+    Ok(())
+}
+
+fn display(p: &Path) -> String {
+    p.canonicalize()
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// Drops DWARF custom sections (the release profile keeps line tables for native backtraces).
+fn strip_debug(module: &[u8]) -> Result<Vec<u8>> {
+    let mut out = wasm_encoder::Module::new();
+    for payload in Parser::new(0).parse_all(module) {
+        let payload = payload.map_err(|e| e.to_string())?;
+        if let Payload::CustomSection(c) = &payload {
+            if c.name().starts_with(".debug") {
+                continue;
+            }
+        }
+        if let Some((id, range)) = payload.as_section() {
+            out.section(&wasm_encoder::RawSection {
+                id,
+                data: &module[range],
+            });
+        }
+    }
+    Ok(out.finish())
+}
+
+/// Validates a component and checks its top-level imports.
+fn check(component: &[u8]) -> Result<()> {
+    if !Parser::is_component(component) {
+        return Err("not a component".into());
+    }
+    Validator::new_with_features(WasmFeatures::all())
+        .validate_all(component)
+        .map_err(|e| format!("validation: {e}"))?;
+    let mut depth = 0usize;
+    let mut imports = Vec::new();
+    for payload in Parser::new(0).parse_all(component) {
+        match payload.map_err(|e| e.to_string())? {
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentImportSection(s) if depth == 0 => {
+                for i in s {
+                    imports.push(i.map_err(|e| e.to_string())?.name.name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    // Type imports from the world's `use` are plain names (no `:`); interfaces must be ours.
+    let bad: Vec<&String> = imports
+        .iter()
+        .filter(|n| n.contains(':') && !ALLOWED_IMPORTS.contains(&n.as_str()))
+        .collect();
+    if !bad.is_empty() {
+        return Err(format!(
+            "the component imports {bad:?}; only {ALLOWED_IMPORTS:?} are allowed"
+        ));
+    }
+    if component
+        .windows(b"__wbindgen".len())
+        .any(|w| w == b"__wbindgen")
+    {
+        return Err("the component contains a __wbindgen import: wasm-bindgen leaked into the component build".into());
+    }
+    println!("component imports: {imports:?}");
+    Ok(())
+}
