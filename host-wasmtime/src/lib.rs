@@ -69,6 +69,8 @@ pub struct App {
     hub: hub::Hub,
     wake: watch::Sender<Option<u64>>,
     peers: outbound::Peers,
+    /// Calls that entered the core (for tests that prove a request never reached it).
+    pub core_calls: std::sync::atomic::AtomicU64,
 }
 
 impl App {
@@ -242,6 +244,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         hub: hub::Hub::default(),
         wake: wake_tx,
         peers: outbound::Peers::new(),
+        core_calls: std::sync::atomic::AtomicU64::new(0),
     });
     let first = app.core.run(|c| c.next_wake()).await;
     app.wake.send_replace(first);

@@ -93,10 +93,20 @@ async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Vec<u8>
             return Err(too_large());
         }
     }
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(b) => Ok(b.to_bytes().to_vec()),
-        Err(_) => Err(too_large()),
+    let bytes = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(b) => b.to_bytes().to_vec(),
+        Err(_) => return Err(too_large()),
+    };
+    // The core's own strict parser, linked natively: garbage never costs a trip into the guest,
+    // and the verdict is the one the guest would give.
+    if let Err(e) = json::parse_object(&bytes) {
+        let e: relay_core::Error = e.into();
+        return Err(json_response(
+            e.code.http_status(),
+            canonical::to_vec(&relay_core::engine::error_body(&e)),
+        ));
     }
+    Ok(bytes)
 }
 
 fn bearer(headers: &HeaderMap) -> Option<String> {

@@ -290,7 +290,7 @@ fn a_success_answer_that_is_not_target_accepted_for_this_message_is_an_unknown_o
 
 #[test]
 fn route_error_with_a_higher_revision_switches_the_target() {
-    let (mut w, a, b, alice, mut bob) = setup(50);
+    let (mut w, _a, b, alice, mut bob) = setup(50);
     let m = w.message(&alice, 0, &bob, "x", &Msg::default());
     w.send(&alice, 0, &m).result.unwrap();
     let c = w.relay("c");

@@ -488,7 +488,7 @@ fn message_send_source_validation_rejects_with_the_right_codes() {
     );
     assert_eq!(status_of(&w3.send(&u, 0, &m).result.unwrap()), "delivering");
     assert!(
-        w.outbox.is_empty() && w.nodes[a].notifications.len() == 0,
+        w.outbox.is_empty() && w.nodes[a].notifications.is_empty(),
         "nothing was accepted at a"
     );
 }

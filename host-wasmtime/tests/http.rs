@@ -1,0 +1,214 @@
+//! The wasmtime host over real sockets on 127.0.0.1: delivery between relays, WebSocket
+//! notifications, transport limits, and the component's imports.
+
+mod common;
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use relay_core::wire::json::{self, Object, Value};
+use std::sync::atomic::Ordering;
+use tokio_tungstenite::tungstenite::Message;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_wasmtime_relays_deliver_a_message_between_accounts_over_http() {
+    let a = relay(|_| {}).await;
+    let b = relay(|_| {}).await;
+    let mut c = Client::new(1);
+    let alice = c.register(&a.url, true).await;
+    let bob = c.register(&b.url, true).await;
+    c.publish(&a.url, &bob).await;
+    let m = c.message(&alice, &bob, "hello over http");
+    let (s, v) = c.send(&alice, &m).await;
+    assert_eq!(s, 200, "{v:?}");
+    assert_eq!(status_of(&v), "delivering");
+    let done = c.wait_terminal(&alice, &message_id(&m), 100).await;
+    assert_eq!(status_of(&done), "target_accepted", "{done:?}");
+    assert_eq!(c.texts(&bob).await, vec!["hello over http"]);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_gets_timeline_changed_then_syncs_the_new_entry() {
+    let a = relay(|_| {}).await;
+    let mut c = Client::new(2);
+    let alice = c.register(&a.url, true).await;
+    let bob = c.register(&a.url, true).await;
+    let ws_url = format!(
+        "{}/v1/ws?session={}",
+        a.url.replace("http://", "ws://"),
+        bob.session
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(ws_url)
+        .await
+        .expect("ws connects");
+    let m = c.message(&alice, &bob, "pushed");
+    let (s, _) = c.send(&alice, &m).await;
+    assert_eq!(s, 200);
+    let note = tokio::time::timeout(std::time::Duration::from_secs(5), ws.next())
+        .await
+        .expect("notified")
+        .unwrap()
+        .unwrap();
+    let note = json::parse(note.to_text().unwrap().as_bytes()).unwrap();
+    let o = note.as_object().unwrap();
+    assert_eq!(
+        o.get("method").and_then(Value::as_str),
+        Some("message.timeline.changed")
+    );
+    let params = o.get("params").and_then(Value::as_object).unwrap();
+    assert_eq!(
+        params.get("account").and_then(Value::as_str),
+        Some(bob.key.id().as_str())
+    );
+    assert_eq!(
+        params.get("latest_seq").and_then(Value::as_protocol_int),
+        Some(1)
+    );
+    // Sync over the same socket.
+    ws.send(Message::Text(
+        r#"{"id":"s1","method":"message.timeline.sync","params":{"after":0}}"#.into(),
+    ))
+    .await
+    .unwrap();
+    let answer = ws.next().await.unwrap().unwrap();
+    let answer = json::parse(answer.to_text().unwrap().as_bytes()).unwrap();
+    let o = answer.as_object().unwrap();
+    assert_eq!(o.get("id").and_then(Value::as_str), Some("s1"));
+    let entries = match o
+        .get("result")
+        .and_then(|r| r.as_object())
+        .and_then(|r| r.get("entries"))
+    {
+        Some(Value::Array(e)) => e.len(),
+        _ => 0,
+    };
+    assert_eq!(entries, 1);
+    // A bad frame gets an error with its id.
+    ws.send(Message::Text(
+        r#"{"id":7,"method":"message.timeline.sync","params":[]}"#.into(),
+    ))
+    .await
+    .unwrap();
+    let answer = json::parse(
+        ws.next()
+            .await
+            .unwrap()
+            .unwrap()
+            .to_text()
+            .unwrap()
+            .as_bytes(),
+    )
+    .unwrap();
+    let code = answer
+        .as_object()
+        .and_then(|o| o.get("error"))
+        .and_then(|e| e.as_object())
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_str);
+    assert_eq!(code, Some("invalid_params"));
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_bodies_get_413_and_malformed_json_400_without_reaching_the_core() {
+    let a = relay(|s| s.policies.max_request_bytes = 1024).await;
+    let c = Client::new(3);
+    let before = a.app.core_calls.load(Ordering::Relaxed);
+    let big = vec![b'x'; 2048];
+    let (s, body) = c
+        .http
+        .post(&format!("{}/v1/message.send", a.url), &[], big)
+        .await
+        .unwrap();
+    assert_eq!(s, 413);
+    assert!(String::from_utf8_lossy(&body).contains("payload_too_large"));
+    for bad in [&b"{"[..], b"{\"a\":1,\"a\":2}", b"[\"\\uD800\"]", b"\xff"] {
+        let (s, body) = c
+            .http
+            .post(&format!("{}/v1/message.send", a.url), &[], bad.to_vec())
+            .await
+            .unwrap();
+        assert_eq!(s, 400);
+        assert!(
+            String::from_utf8_lossy(&body).contains("invalid_params"),
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+        let (s, _) = c
+            .http
+            .post(
+                &format!("{}/relay/v1/message.deliver", a.url),
+                &[],
+                bad.to_vec(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(s, 400);
+    }
+    assert_eq!(
+        a.app.core_calls.load(Ordering::Relaxed),
+        before,
+        "none of them reached the core"
+    );
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_rpc_requires_a_valid_relay_signature() {
+    let a = relay(|_| {}).await;
+    let c = Client::new(4);
+    let body = b"{}".to_vec();
+    let (s, _) = c
+        .http
+        .post(
+            &format!("{}/relay/v1/message.deliver", a.url),
+            &[],
+            body.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, 401);
+    let headers = [
+        ("Relay-Id", "http://127.0.0.1:1"),
+        ("Relay-Timestamp", "1"),
+        ("Relay-Nonce", "AAAAAAAAAAAAAAAAAAAAAA"),
+        ("Relay-Signature", "x"),
+    ];
+    let (s, b) = c
+        .http
+        .post(
+            &format!("{}/relay/v1/message.deliver", a.url),
+            &headers,
+            body,
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, 401, "{}", String::from_utf8_lossy(&b));
+    a.stop().await;
+}
+
+#[test]
+fn the_component_imports_only_the_relay_host_interface() {
+    let settings = relay_host_wasmtime::settings::Settings::default();
+    let path = settings.component_path();
+    let engine = relay_host_wasmtime::guest::wasm_engine().unwrap();
+    let bytes = std::fs::read(&path).expect("component built by ./x (xtask component)");
+    let component = wasmtime::component::Component::from_binary(&engine, &bytes).unwrap();
+    let imports: Vec<String> = component
+        .component_type()
+        .imports(&engine)
+        .map(|(n, _)| n.to_string())
+        .collect();
+    assert!(!imports.is_empty());
+    for name in &imports {
+        assert!(
+            name.starts_with("relay:core/"),
+            "unexpected import {name}: no WASI, no ambient authority"
+        );
+    }
+    assert!(
+        !bytes.windows(10).any(|w| w == b"__wbindgen"),
+        "no wasm-bindgen in the component"
+    );
+    let _ = Object::new();
+}
