@@ -117,7 +117,9 @@ fn native<S: Storage>(store: S, n: usize) -> f64 {
     cfg.policies.send_rate = 0;
     cfg.policies.deliver_rate_per_account = 0;
     let mut entropy = ChaCha20Rng::seed_from_u64(8);
-    let mut e = Engine::new(cfg, store, move |b: &mut [u8]| rand::RngCore::fill_bytes(&mut entropy, b));
+    let mut e = Engine::new(cfg, store, move |b: &mut [u8]| {
+        rand::RngCore::fill_bytes(&mut entropy, b)
+    });
     let senders: Vec<Account> = (0..SENDERS).map(|_| account(&mut rng)).collect();
     let to = account(&mut rng);
     let now = now_ms();
