@@ -240,3 +240,20 @@ fn params_must_be_an_object() {
     assert!(parse_object(b"{}").is_ok());
     assert!(parse_object(b"{} x").is_err());
 }
+
+#[test]
+fn websocket_frames_keep_params_exactly_as_sent() {
+    use relay_core::wire::frame;
+    let f = frame::parse(br#"{"id":"a","method":"m","params":{"after":1.0, "x":-0}}"#).unwrap();
+    assert_eq!(f.params, br#"{"after":1.0, "x":-0}"#.to_vec());
+    assert_eq!(f.method, "m");
+    let (id, e) = frame::parse(br#"{"id":"b","method":"m","params":[]}"#).unwrap_err();
+    assert_eq!(id, relay_core::wire::json::Value::from("b"));
+    assert_eq!(e.code, relay_core::ErrorCode::InvalidParams);
+    let too_long = format!(
+        r#"{{"id":"{}","method":"m","params":{{}}}}"#,
+        "x".repeat(65)
+    );
+    assert!(frame::parse(too_long.as_bytes()).is_err());
+    assert!(frame::parse(br#"{"id":1,"id":2,"method":"m","params":{}}"#).is_err());
+}

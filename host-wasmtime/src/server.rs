@@ -251,36 +251,16 @@ async fn websocket(
         .into_response()
 }
 
-/// Parses a frame `{"id", "method", "params"}`; the id is a string of at most 64 characters or an integer.
+/// Parses a frame; admin methods are never reachable from a socket.
 fn parse_frame(text: &str) -> Result<(Value, String, Vec<u8>), (Value, relay_core::Error)> {
-    let bad = |id: Value, m: &str| {
-        (
-            id,
-            relay_core::Error::new(relay_core::ErrorCode::InvalidParams, m),
-        )
-    };
-    let o = json::parse_object(text.as_bytes()).map_err(|e| (Value::Null, e.into()))?;
-    let id = o.get("id").cloned().unwrap_or(Value::Null);
-    let id_ok = match &id {
-        Value::String(s) => s.chars().count() <= 64,
-        Value::Number(n) => n.as_protocol_int().is_some(),
-        _ => false,
-    };
-    if !id_ok {
-        return Err(bad(
-            Value::Null,
-            "frame id must be a string of at most 64 characters or an integer",
+    let f = relay_core::wire::frame::parse(text.as_bytes())?;
+    if f.method.starts_with("admin.") {
+        return Err((
+            f.id,
+            relay_core::Error::new(relay_core::ErrorCode::NotFound, "unknown method"),
         ));
     }
-    let method = match o.get("method").and_then(Value::as_str) {
-        Some(m) if !m.starts_with("admin.") => m.to_string(),
-        _ => return Err(bad(id, "frame method must be a protocol method")),
-    };
-    let params = match o.get("params") {
-        Some(p @ Value::Object(_)) => canonical::to_vec(p),
-        _ => return Err(bad(id, "frame params must be an object")),
-    };
-    Ok((id, method, params))
+    Ok((f.id, f.method, f.params))
 }
 
 fn answer_frame(id: Value, body: &[u8], ok: bool) -> String {

@@ -106,6 +106,29 @@ async fn a_websocket_client_gets_timeline_changed_then_syncs_the_new_entry() {
         .and_then(|e| e.get("code"))
         .and_then(Value::as_str);
     assert_eq!(code, Some("invalid_params"));
+    // Params reach the core as sent: 1.0 is not a protocol integer, over a socket as over HTTP.
+    ws.send(Message::Text(
+        r#"{"id":8,"method":"message.timeline.sync","params":{"after":1.0}}"#.into(),
+    ))
+    .await
+    .unwrap();
+    let answer = json::parse(
+        ws.next()
+            .await
+            .unwrap()
+            .unwrap()
+            .to_text()
+            .unwrap()
+            .as_bytes(),
+    )
+    .unwrap();
+    let code = answer
+        .as_object()
+        .and_then(|o| o.get("error"))
+        .and_then(|e| e.as_object())
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_str);
+    assert_eq!(code, Some("invalid_params"));
     a.stop().await;
 }
 

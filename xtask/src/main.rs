@@ -24,13 +24,14 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("component") => build_component(),
+        Some("bindgen") => build_bindgen(),
         Some("check-component") => match args.get(1) {
             Some(p) => std::fs::read(p)
                 .map_err(|e| format!("{p}: {e}"))
                 .and_then(|b| check(&b)),
             None => Err("usage: xtask check-component FILE".into()),
         },
-        _ => Err("usage: xtask component | check-component FILE".into()),
+        _ => Err("usage: xtask component | bindgen | check-component FILE".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -77,6 +78,45 @@ fn build_component() -> Result<()> {
     let path = out.join("relay_core.wasm");
     std::fs::write(&path, &component).map_err(|e| e.to_string())?;
     println!("{} ({} bytes)", display(&path), component.len());
+    Ok(())
+}
+
+/// Builds `relay-wasm` and generates the Node ES module into `host-node/pkg/`.
+fn build_bindgen() -> Result<()> {
+    let root = root();
+    // Its own cargo invocation: getrandom's JS backend must not unify into the component build.
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "relay-wasm",
+            "--target",
+            "wasm32-unknown-unknown",
+        ])
+        .status()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !status.success() {
+        return Err("building relay-wasm failed".into());
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    let input = target.join("wasm32-unknown-unknown/release/relay_wasm.wasm");
+    let stripped = target.join("wasm32-unknown-unknown/release/relay_wasm.stripped.wasm");
+    let module = std::fs::read(&input).map_err(|e| format!("{}: {e}", input.display()))?;
+    std::fs::write(&stripped, strip_debug(&module)?).map_err(|e| e.to_string())?;
+    let out = root.join("host-node/pkg");
+    let mut b = wasm_bindgen_cli_support::Bindgen::new();
+    b.input_path(&stripped)
+        .out_name("relay_wasm")
+        .nodejs_module(true)
+        .map_err(|e| format!("wasm-bindgen: {e:#}"))?
+        .typescript(true);
+    b.generate(&out)
+        .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
+    println!("{}", display(&out));
     Ok(())
 }
 

@@ -6,6 +6,7 @@ pub mod canonical;
 pub mod certificate;
 pub mod envelope;
 pub mod field;
+pub mod frame;
 pub mod identity;
 pub mod json;
 pub mod key_box;

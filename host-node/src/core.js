@@ -1,0 +1,127 @@
+// The relay core (wasm-bindgen build) behind a small wrapper that survives traps.
+//
+// A trap (a Rust panic is a wasm `unreachable`) leaves that wasm instance
+// unusable. Nothing it was doing was committed, so the wrapper answers
+// `internal` and loads a fresh instance of the module over the same storage.
+
+const PKG = new URL('../pkg/relay_wasm.js', import.meta.url);
+let generation = 0;
+
+/** Loads a fresh instance of the wasm module (each import URL is a new instance). */
+async function loadModule() {
+  generation += 1;
+  return import(`${PKG.href}?instance=${generation}`);
+}
+
+const INTERNAL = JSON.stringify({
+  status: 500,
+  body: { error: { code: 'internal', message: 'the relay core failed; nothing was accepted' } },
+  effects: [],
+});
+
+/**
+ * @typedef {object} Storage
+ * @property {(key: Uint8Array) => Uint8Array | null | undefined} get
+ * @property {(start: Uint8Array, end: Uint8Array, limit: number) => Array<[Uint8Array, Uint8Array]>} scan
+ * @property {(writes: Array<[Uint8Array, Uint8Array | null]>) => void} commit
+ */
+
+export class Core {
+  /** @param {object} mod @param {string} config @param {Storage} storage @param {Uint8Array} seed */
+  constructor(mod, config, storage, seed) {
+    this.mod = mod;
+    this.config = config;
+    this.storage = storage;
+    this.seed = seed;
+    this.traps = 0;
+    this.inner = new mod.RelayCore(config, storage, seed);
+    this.recovering = null;
+  }
+
+  /** @param {string} config @param {Storage} storage @param {Uint8Array} seed */
+  static async create(config, storage, seed) {
+    return new Core(await loadModule(), config, storage, seed);
+  }
+
+  /** Runs `f` against the instance; on a trap, schedules a fresh instance and returns `fallback`. */
+  guard(f, fallback) {
+    if (this.recovering) return fallback;
+    try {
+      return f(this.inner);
+    } catch (e) {
+      if (!(e instanceof WebAssembly.RuntimeError)) throw e;
+      this.traps += 1;
+      console.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
+      this.recovering = loadModule().then((mod) => {
+        this.mod = mod;
+        this.inner = new mod.RelayCore(this.config, this.storage, this.seed);
+        this.recovering = null;
+      });
+      return fallback;
+    }
+  }
+
+  /** Waits for a recovery in progress, if any. */
+  async ready() {
+    if (this.recovering) await this.recovering;
+  }
+
+  call(kind, value, method, params, now) {
+    return JSON.parse(this.guard((c) => c.call(kind, value, method, params, now), INTERNAL));
+  }
+  callValue(kind, value, method, params, now) {
+    return this.guard((c) => c.callValue(kind, value, method, params, now), JSON.parse(INTERNAL));
+  }
+  outcome(task, attempt, kind, body, now) {
+    return JSON.parse(this.guard((c) => c.outcome(task, attempt, kind, body, now), '[]'));
+  }
+  tick(now) {
+    return JSON.parse(this.guard((c) => c.tick(now), '[]'));
+  }
+  nextWake() {
+    return this.guard((c) => c.nextWake(), -1);
+  }
+  /** @returns {{ok: true, info: {account: string, device_id: string, expires_at: number}} | {ok: false, reply: object}} */
+  session(token, now) {
+    try {
+      return { ok: true, info: JSON.parse(this.guard((c) => c.session(token, now), 'null')) };
+    } catch (e) {
+      if (typeof e === 'string') return { ok: false, reply: JSON.parse(e) };
+      throw e;
+    }
+  }
+  signRequest(method, target, body, now) {
+    return JSON.parse(this.guard((c) => c.signRequest(method, target, body, now), 'null'));
+  }
+  /** @returns {{ok: true, value: string} | {ok: false, reply: object}} */
+  checkRequest(headers, method, body, now) {
+    return this.#fallible((c) => c.checkRequest(JSON.stringify(headers), method, body, now));
+  }
+  authenticateRequest(headers, method, body, now, key) {
+    return this.#fallible((c) => c.authenticateRequest(JSON.stringify(headers), method, body, now, key));
+  }
+  peerKey(body, relay) {
+    return this.#fallible((c) => c.peerKey(body, relay));
+  }
+  wellKnown() {
+    return this.guard((c) => c.wellKnown(), '{}');
+  }
+  /** A WebSocket frame parsed by the core: `{id, method, params}` or `{id, error}`. */
+  parseFrame(text) {
+    return JSON.parse(this.mod.RelayCore.parseFrame(text));
+  }
+  /** The core's strict I-JSON verdict on a body: null if fine, else the error reply. */
+  checkJson(body) {
+    const r = this.mod.RelayCore.checkJson(body);
+    return r === '' ? null : JSON.parse(r);
+  }
+  #fallible(f) {
+    try {
+      const v = this.guard(f, null);
+      return v === null ? { ok: false, reply: JSON.parse(INTERNAL) } : { ok: true, value: v };
+    } catch (e) {
+      if (typeof e === 'string') return { ok: false, reply: JSON.parse(e) };
+      throw e;
+    }
+  }
+}

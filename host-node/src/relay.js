@@ -1,0 +1,225 @@
+// The embedding API: a relay in-process. JavaScript moves bytes, keeps time and runs
+// effects; every protocol decision is the core's.
+
+import { EventEmitter } from 'node:events';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { Core } from './core.js';
+import { MemoryStorage, SqliteStorage } from './storage.js';
+
+/** Connecting to a peer may take this long before the attempt counts as not made. */
+const CONNECT_TIMEOUT_MS = 5000;
+/** The whole exchange may take this long before its outcome counts as unknown (below the core's 30 s). */
+const RESPONSE_TIMEOUT_MS = 20000;
+
+const b64u = (buf) => Buffer.from(buf).toString('base64url');
+
+function secret(file, len) {
+  try {
+    const b = Buffer.from(fs.readFileSync(file, 'utf8').trim(), 'base64url');
+    if (b.length !== len) throw new Error(`${file} must hold ${len} bytes`);
+    return b;
+  } catch (e) {
+    if (e.code !== 'ENOENT') throw e;
+    const b = crypto.randomBytes(len);
+    fs.mkdirSync(path.dirname(file), { recursive: true });
+    fs.writeFileSync(file, b64u(b));
+    return b;
+  }
+}
+
+/** Errors thrown by a peer exchange that prove the request never left. */
+const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']);
+
+export class Relay extends EventEmitter {
+  /**
+   * @param {Core} core
+   * @param {{relay: string, network: string, maxRequestBytes: number, adminToken: string, storage: object}} info
+   */
+  constructor(core, info) {
+    super();
+    this.core = core;
+    this.relay = info.relay;
+    this.network = info.network;
+    this.maxRequestBytes = info.maxRequestBytes;
+    this.adminToken = info.adminToken;
+    this.storage = info.storage;
+    this.timer = null;
+    this.wakeAt = -1;
+    this.closed = false;
+    this.inflight = new Set();
+    this.peerKeys = new Map();
+    this.coreCalls = 0;
+    this.#schedule(core.nextWake());
+  }
+
+  /**
+   * Calls a method. `caller` is `{kind: 'anonymous'|'session'|'relay'|'operator', value?}`.
+   * @returns {{status: number, body: object}}
+   */
+  call(caller, method, params) {
+    this.coreCalls += 1;
+    const text = typeof params === 'string' ? params : JSON.stringify(params);
+    const r = this.core.call(caller.kind, caller.value ?? '', method, text, Date.now());
+    this.#run(r.effects);
+    return { status: r.status, body: r.body };
+  }
+
+  /** The holder of a session token, or the error reply. */
+  session(token) {
+    return this.core.session(token, Date.now());
+  }
+
+  /** Runs effects: deliveries, wake-ups, notifications, session ends. */
+  #run(effects) {
+    for (const e of effects) {
+      if (e.type === 'send') this.#attempt(e);
+      else if (e.type === 'wake') this.#schedule(e.at);
+      else if (e.type === 'notify') this.emit('notify', { account: e.account, latest_seq: e.latest_seq });
+      else if (e.type === 'end_device_sessions') this.emit('end_device_sessions', { account: e.account, device_id: e.device_id });
+    }
+  }
+
+  #schedule(at) {
+    if (this.closed || at < 0) return;
+    if (this.timer && this.wakeAt <= at && this.wakeAt >= Date.now()) return;
+    clearTimeout(this.timer);
+    this.wakeAt = at;
+    // A wake-up already due still waits a millisecond, so a stuck core cannot spin.
+    this.timer = setTimeout(() => this.#tick(), Math.max(1, Math.min(at - Date.now(), 2 ** 31 - 1)));
+  }
+
+  #tick() {
+    this.timer = null;
+    if (this.closed) return;
+    this.#run(this.core.tick(Date.now()));
+    this.#schedule(this.core.nextWake());
+  }
+
+  /** One HTTP exchange with a peer; never follows redirects. */
+  async exchange(method, url, headers, body) {
+    if (!url.startsWith('http://') && !url.startsWith('https://')) return { kind: 'not_sent', why: 'scheme' };
+    const ctrl = new AbortController();
+    const timer = setTimeout(() => ctrl.abort(), RESPONSE_TIMEOUT_MS);
+    try {
+      const res = await fetch(url, { method, headers: { 'content-type': 'application/json', ...headers }, body, redirect: 'manual', signal: ctrl.signal });
+      const text = await res.text();
+      return { kind: 'answered', status: res.status, body: text };
+    } catch (e) {
+      const code = e?.cause?.code ?? e?.code;
+      if (NOT_SENT.has(code) || e?.cause?.name === 'ConnectTimeoutError') return { kind: 'not_sent', why: String(code) };
+      return { kind: 'unknown', why: String(e?.name === 'AbortError' ? 'timeout' : code ?? e) };
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async #attempt(e) {
+    const p = (async () => {
+      const headers = this.core.signRequest(e.method, e.target, e.body, Date.now());
+      let kind = 'not_attempted';
+      let body = '';
+      if (headers) {
+        const r = await this.exchange('POST', `${e.target}/relay/v1/${e.method}`, {
+          'Relay-Id': headers.relay_id,
+          'Relay-Timestamp': headers.timestamp,
+          'Relay-Nonce': headers.nonce,
+          'Relay-Signature': headers.signature,
+        }, e.body);
+        if (r.kind === 'answered') {
+          if (r.status === 200) [kind, body] = ['answered', r.body];
+          else if (r.status >= 300 && r.status < 400) [kind, body] = ['rejected', JSON.stringify({ error: { code: 'unavailable', message: 'the peer answered with a redirect' } })];
+          else [kind, body] = ['rejected', r.body];
+        } else {
+          kind = r.kind === 'not_sent' ? 'not_attempted' : 'unknown';
+        }
+      }
+      if (this.closed) return;
+      this.#run(this.core.outcome(e.task, e.attempt, kind, body, Date.now()));
+    })();
+    this.inflight.add(p);
+    try {
+      await p;
+    } finally {
+      this.inflight.delete(p);
+    }
+  }
+
+  /** A peer's published key, cached; fetched again when `refresh`. */
+  async peerKey(relay, refresh = false) {
+    if (!refresh && this.peerKeys.has(relay)) return this.peerKeys.get(relay);
+    const r = await this.exchange('GET', `${relay}/.well-known/relay`, {}, undefined);
+    if (r.kind !== 'answered' || r.status !== 200) return null;
+    const k = this.core.peerKey(r.body, relay);
+    if (!k.ok) return null;
+    this.peerKeys.set(relay, k.value);
+    return k.value;
+  }
+
+  /**
+   * Authenticates an inbound relay request (headers by lowercase name).
+   * @returns {Promise<{ok: true, source: string} | {ok: false, reply: object}>}
+   */
+  async authenticateRelay(headers, method, body) {
+    const h = {
+      relay_id: headers['relay-id'] ?? '',
+      timestamp: headers['relay-timestamp'] ?? '',
+      nonce: headers['relay-nonce'] ?? '',
+      signature: headers['relay-signature'] ?? '',
+    };
+    const pre = this.core.checkRequest(h, method, body, Date.now());
+    if (!pre.ok) return pre;
+    let last = null;
+    for (const refresh of [false, true]) {
+      const key = await this.peerKey(pre.value, refresh);
+      if (!key) continue;
+      const r = this.core.authenticateRequest(h, method, body, Date.now(), key);
+      if (r.ok) return { ok: true, source: r.value };
+      last = r;
+    }
+    return last ?? { ok: false, reply: { status: 401, body: { error: { code: 'unauthenticated', message: "could not fetch the source relay's key" } } } };
+  }
+
+  /** This relay's `/.well-known/relay` document (JSON text). */
+  wellKnown() {
+    return this.core.wellKnown();
+  }
+
+  /** Stops timers and waits for deliveries in flight; the storage is closed when it can be. */
+  async close() {
+    this.closed = true;
+    clearTimeout(this.timer);
+    await Promise.allSettled([...this.inflight]);
+    this.storage?.close?.();
+  }
+}
+
+/**
+ * Creates a relay in-process.
+ * @param {object} opts
+ * @param {string} opts.relay the relay id (origin URL)
+ * @param {string} [opts.network] default `dev`
+ * @param {object} [opts.policies] protocol.md §7 policies to override
+ * @param {'sqlite'|'memory'|object} [opts.storage] default `sqlite` when `data` is given, else memory
+ * @param {string} [opts.data] data directory (SQLite database, relay key, operator token)
+ * @param {object} [opts.engine] `{attempt_timeout, max_in_flight_per_destination}`
+ * @returns {Promise<Relay>}
+ */
+export async function createRelay(opts) {
+  const network = opts.network ?? 'dev';
+  let storage = opts.storage;
+  if (storage === undefined) storage = opts.data ? 'sqlite' : 'memory';
+  if (storage === 'sqlite') {
+    if (!opts.data) throw new Error('sqlite storage needs a data directory');
+    storage = new SqliteStorage(path.join(opts.data, 'relay.sqlite'));
+  } else if (storage === 'memory') {
+    storage = new MemoryStorage();
+  }
+  const seed = opts.data ? secret(path.join(opts.data, 'relay.key'), 32) : crypto.randomBytes(32);
+  const admin = opts.data ? secret(path.join(opts.data, 'admin.token'), 24) : crypto.randomBytes(24);
+  const config = JSON.stringify({ relay: opts.relay, network, policies: opts.policies ?? {}, ...(opts.engine ?? {}) });
+  const core = await Core.create(config, storage, new Uint8Array(seed));
+  const maxRequestBytes = JSON.parse(core.wellKnown()).policies?.max_request_bytes ?? 262144;
+  return new Relay(core, { relay: opts.relay, network, maxRequestBytes, adminToken: b64u(admin), storage });
+}

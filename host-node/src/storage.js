@@ -1,0 +1,100 @@
+// Storages for the core: SQLite through better-sqlite3 (the default) and in memory.
+//
+// The core needs get, ordered scan and an atomic batch commit, all
+// synchronous. Keys are compared as bytes.
+
+import Database from 'better-sqlite3';
+import fs from 'node:fs';
+import path from 'node:path';
+
+/** Byte-wise comparison of two Uint8Arrays. */
+function compare(a, b) {
+  return Buffer.compare(Buffer.from(a.buffer, a.byteOffset, a.byteLength), Buffer.from(b.buffer, b.byteOffset, b.byteLength));
+}
+
+/** In-memory storage: a sorted key array plus a map, for tests and embedding. */
+export class MemoryStorage {
+  constructor() {
+    /** @type {Buffer[]} */
+    this.keys = [];
+    /** @type {Map<string, Uint8Array>} */
+    this.values = new Map();
+  }
+  #find(key) {
+    let lo = 0;
+    let hi = this.keys.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (compare(this.keys[mid], key) < 0) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+  get(key) {
+    return this.values.get(Buffer.from(key).toString('latin1')) ?? null;
+  }
+  scan(start, end, limit) {
+    const out = [];
+    for (let i = this.#find(start); i < this.keys.length && out.length < limit; i++) {
+      const k = this.keys[i];
+      if (compare(k, end) >= 0) break;
+      out.push([k, this.values.get(k.toString('latin1'))]);
+    }
+    return out;
+  }
+  commit(writes) {
+    for (const [key, value] of writes) {
+      const k = Buffer.from(key);
+      const id = k.toString('latin1');
+      const at = this.#find(k);
+      const present = at < this.keys.length && compare(this.keys[at], k) === 0;
+      if (value === null) {
+        if (present) {
+          this.keys.splice(at, 1);
+          this.values.delete(id);
+        }
+      } else {
+        if (!present) this.keys.splice(at, 0, k);
+        this.values.set(id, Buffer.from(value));
+      }
+    }
+  }
+  /** Number of keys. */
+  get size() {
+    return this.keys.length;
+  }
+}
+
+/** SQLite storage: WAL, synchronous=FULL, one transaction per commit (durable before it returns). */
+export class SqliteStorage {
+  /** @param {string} file */
+  constructor(file) {
+    fs.mkdirSync(path.dirname(file), { recursive: true });
+    this.db = new Database(file);
+    this.db.pragma('journal_mode = WAL');
+    this.db.pragma('synchronous = FULL');
+    this.db.exec('CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID');
+    this.getStmt = this.db.prepare('SELECT v FROM kv WHERE k = ?').pluck();
+    this.scanStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?').raw();
+    this.putStmt = this.db.prepare('INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)');
+    this.delStmt = this.db.prepare('DELETE FROM kv WHERE k = ?');
+    this.tx = this.db.transaction((writes) => {
+      for (const [k, v] of writes) {
+        if (v === null) this.delStmt.run(Buffer.from(k));
+        else this.putStmt.run(Buffer.from(k), Buffer.from(v));
+      }
+    });
+  }
+  get(key) {
+    return this.getStmt.get(Buffer.from(key)) ?? null;
+  }
+  scan(start, end, limit) {
+    return this.scanStmt.all(Buffer.from(start), Buffer.from(end), limit);
+  }
+  commit(writes) {
+    this.tx(writes);
+  }
+  close() {
+    this.db.close();
+  }
+}
