@@ -1,32 +1,19 @@
 // `relay-node serve`: the same flags as the wasmtime host's `relay serve`.
 
 import fs from 'node:fs';
+import { parse as parseToml } from 'smol-toml';
 import { createRelay } from './relay.js';
 import { serve } from './server.js';
 
 const USAGE = `relay-node serve [--listen ADDR] [--url URL] [--data DIR | --memory] [--network NAME]
                  [--policy NAME=VALUE]... [--config FILE]`;
 
-/** Parses a tiny TOML subset: `key = "string" | number | true|false` lines and a [policy] table. */
-export function parseToml(text) {
-  const out = { policy: {} };
-  let table = null;
-  for (const raw of text.split('\n')) {
-    const line = raw.replace(/#.*$/, '').trim();
-    if (!line) continue;
-    const t = /^\[([a-z_]+)\]$/.exec(line);
-    if (t) {
-      table = t[1];
-      continue;
-    }
-    const kv = /^([a-z_]+)\s*=\s*(.+)$/.exec(line);
-    if (!kv) throw new Error(`config: cannot read line ${JSON.stringify(raw)}`);
-    const v = JSON.parse(kv[2]);
-    if (table === 'policy') out.policy[kv[1]] = v;
-    else if (table === null) out[kv[1]] = v;
-    else throw new Error(`config: unknown table [${table}]`);
-  }
-  return out;
+/** Reads a TOML config: `listen`, `url`, `data`, `memory`, `network`, and a `[policy]` table. */
+export function readConfig(text) {
+  const c = parseToml(text);
+  const known = new Set(['listen', 'url', 'data', 'memory', 'network', 'component', 'policy']);
+  for (const k of Object.keys(c)) if (!known.has(k)) throw new Error(`config: unknown key ${k}`);
+  return { ...c, policy: c.policy ?? {} };
 }
 
 /** Turns argv into settings. */
@@ -40,7 +27,7 @@ export function parseArgs(argv) {
   };
   const cfgAt = rest.indexOf('--config');
   if (cfgAt >= 0) {
-    const c = parseToml(fs.readFileSync(rest[cfgAt + 1], 'utf8'));
+    const c = readConfig(fs.readFileSync(rest[cfgAt + 1], 'utf8'));
     for (const k of ['listen', 'url', 'data', 'network']) if (c[k] !== undefined) s[k] = c[k];
     if (c.memory === true) s.data = null;
     Object.assign(s.policies, c.policy);

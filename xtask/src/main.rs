@@ -42,27 +42,33 @@ fn main() -> ExitCode {
     }
 }
 
-fn build_component() -> Result<()> {
+/// Builds one package for wasm32-unknown-unknown in its own cargo invocation, so that the
+/// component and the wasm-bindgen crate never unify features (getrandom's JS backend, wasm-bindgen).
+/// Returns the target directory.
+fn build_wasm(package: &str) -> Result<PathBuf> {
     let root = root();
-    // Built on its own: sharing a cargo invocation with the wasm-bindgen crate would unify features.
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
         .args([
             "build",
             "--release",
             "-p",
-            "relay-component",
+            package,
             "--target",
             "wasm32-unknown-unknown",
         ])
         .status()
         .map_err(|e| format!("running cargo: {e}"))?;
     if !status.success() {
-        return Err("building relay-component failed".into());
+        return Err(format!("building {package} failed"));
     }
-    let target = std::env::var("CARGO_TARGET_DIR")
+    Ok(std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("target"));
+        .unwrap_or_else(|_| root.join("target")))
+}
+
+fn build_component() -> Result<()> {
+    let target = build_wasm("relay-component")?;
     let module = std::fs::read(target.join("wasm32-unknown-unknown/release/relay_component.wasm"))
         .map_err(|e| format!("reading the core module: {e}"))?;
     let module = strip_debug(&module)?;
@@ -84,25 +90,7 @@ fn build_component() -> Result<()> {
 /// Builds `relay-wasm` and generates the Node ES module into `host-node/pkg/`.
 fn build_bindgen() -> Result<()> {
     let root = root();
-    // Its own cargo invocation: getrandom's JS backend must not unify into the component build.
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(&root)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "relay-wasm",
-            "--target",
-            "wasm32-unknown-unknown",
-        ])
-        .status()
-        .map_err(|e| format!("running cargo: {e}"))?;
-    if !status.success() {
-        return Err("building relay-wasm failed".into());
-    }
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("target"));
+    let target = build_wasm("relay-wasm")?;
     let input = target.join("wasm32-unknown-unknown/release/relay_wasm.wasm");
     let stripped = target.join("wasm32-unknown-unknown/release/relay_wasm.stripped.wasm");
     let module = std::fs::read(&input).map_err(|e| format!("{}: {e}", input.display()))?;
