@@ -84,52 +84,38 @@ async fn a_websocket_client_gets_timeline_changed_then_syncs_the_new_entry() {
     };
     assert_eq!(entries, 1);
     // A bad frame gets an error with its id.
-    ws.send(Message::Text(
-        r#"{"id":7,"method":"message.timeline.sync","params":[]}"#.into(),
-    ))
-    .await
-    .unwrap();
-    let answer = json::parse(
-        ws.next()
-            .await
-            .unwrap()
-            .unwrap()
-            .to_text()
-            .unwrap()
-            .as_bytes(),
-    )
-    .unwrap();
-    let code = answer
-        .as_object()
-        .and_then(|o| o.get("error"))
-        .and_then(|e| e.as_object())
-        .and_then(|e| e.get("code"))
-        .and_then(Value::as_str);
-    assert_eq!(code, Some("invalid_params"));
+    let bad = r#"{"id":7,"method":"message.timeline.sync","params":[]}"#;
+    assert_eq!(
+        frame_error_code(&mut ws, bad).await.as_deref(),
+        Some("invalid_params")
+    );
     // Params reach the core as sent: 1.0 is not a protocol integer, over a socket as over HTTP.
-    ws.send(Message::Text(
-        r#"{"id":8,"method":"message.timeline.sync","params":{"after":1.0}}"#.into(),
-    ))
-    .await
-    .unwrap();
-    let answer = json::parse(
-        ws.next()
-            .await
-            .unwrap()
-            .unwrap()
-            .to_text()
-            .unwrap()
-            .as_bytes(),
-    )
-    .unwrap();
-    let code = answer
-        .as_object()
-        .and_then(|o| o.get("error"))
-        .and_then(|e| e.as_object())
-        .and_then(|e| e.get("code"))
-        .and_then(Value::as_str);
-    assert_eq!(code, Some("invalid_params"));
+    let float = r#"{"id":8,"method":"message.timeline.sync","params":{"after":1.0}}"#;
+    assert_eq!(
+        frame_error_code(&mut ws, float).await.as_deref(),
+        Some("invalid_params")
+    );
     a.stop().await;
+}
+
+/// Sends a frame and returns the `error.code` of the answer.
+async fn frame_error_code<S>(ws: &mut S, frame: &str) -> Option<String>
+where
+    S: futures_util::Sink<Message>
+        + futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>>
+        + Unpin,
+{
+    ws.send(Message::Text(frame.into())).await.ok()?;
+    let answer = ws.next().await?.ok()?;
+    let v = json::parse(answer.to_text().ok()?.as_bytes()).ok()?;
+    let e = v
+        .as_object()?
+        .get("error")?
+        .as_object()?
+        .get("code")?
+        .as_str()?
+        .to_string();
+    Some(e)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
