@@ -6,12 +6,12 @@ import { createRelay } from './relay.js';
 import { serve } from './server.js';
 
 const USAGE = `relay-node serve [--listen ADDR] [--url URL] [--data DIR | --memory] [--network NAME]
-                 [--policy NAME=VALUE]... [--config FILE]`;
+                 [--policy NAME=VALUE]... [--attempt-timeout MS] [--config FILE]`;
 
 /** Reads a TOML config: `listen`, `url`, `data`, `memory`, `network`, and a `[policy]` table. */
 export function readConfig(text) {
   const c = parseToml(text);
-  const known = new Set(['listen', 'url', 'data', 'memory', 'network', 'component', 'policy']);
+  const known = new Set(['listen', 'url', 'data', 'memory', 'network', 'component', 'attempt_timeout', 'policy']);
   for (const k of Object.keys(c)) if (!known.has(k)) throw new Error(`config: unknown key ${k}`);
   return { ...c, policy: c.policy ?? {} };
 }
@@ -30,6 +30,7 @@ export function parseArgs(argv) {
     const c = readConfig(fs.readFileSync(rest[cfgAt + 1], 'utf8'));
     for (const k of ['listen', 'url', 'data', 'network']) if (c[k] !== undefined) s[k] = c[k];
     if (c.memory === true) s.data = null;
+    if (c.attempt_timeout !== undefined) s.attemptTimeout = Number(c.attempt_timeout);
     Object.assign(s.policies, c.policy);
   }
   while (rest.length) {
@@ -40,6 +41,11 @@ export function parseArgs(argv) {
     else if (a === '--memory') s.data = null;
     else if (a === '--network') s.network = take(a);
     else if (a === '--config') take(a);
+    else if (a === '--attempt-timeout') {
+      const v = take(a);
+      if (!/^\d+$/.test(v)) throw new Error('--attempt-timeout takes milliseconds');
+      s.attemptTimeout = Number(v);
+    }
     else if (a === '--policy') {
       const [k, v] = take(a).split('=');
       if (!k || v === undefined || !/^\d+$/.test(v.trim())) throw new Error('--policy takes NAME=INTEGER');
@@ -58,7 +64,8 @@ export async function main(argv) {
   const s = parseArgs(args);
   const [host, port] = s.listen.split(/:(?=\d+$)/);
   const url = s.url ?? `http://${s.listen}`;
-  const relay = await createRelay({ relay: url, network: s.network, policies: s.policies, data: s.data ?? undefined });
+  const engine = s.attemptTimeout !== undefined ? { attempt_timeout: s.attemptTimeout } : undefined;
+  const relay = await createRelay({ relay: url, network: s.network, policies: s.policies, data: s.data ?? undefined, engine });
   const srv = await serve(relay, { host, port: Number(port) });
   console.log(`relay-node listening on ${host}:${srv.port} as ${url}`);
   const stop = async () => {

@@ -4,13 +4,13 @@
 import { EventEmitter } from 'node:events';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
 import path from 'node:path';
 import { Core } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 
-/** Connecting to a peer may take this long before the attempt counts as not made. */
-const CONNECT_TIMEOUT_MS = 5000;
-/** The whole exchange may take this long before its outcome counts as unknown (below the core's 30 s). */
+/** The whole exchange may take at most this long before its outcome counts as unknown. */
 const RESPONSE_TIMEOUT_MS = 20000;
 
 const b64u = (buf) => Buffer.from(buf).toString('base64url');
@@ -30,12 +30,16 @@ function secret(file, len) {
 }
 
 /** Errors thrown by a peer exchange that prove the request never left. */
+/** Kept-alive connections to peers, per scheme. */
+const AGENTS = { 'http:': new http.Agent({ keepAlive: true }), 'https:': new https.Agent({ keepAlive: true }) };
+/** Largest answer read from a peer. */
+const MAX_ANSWER = 1 << 20;
 const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']);
 
 export class Relay extends EventEmitter {
   /**
    * @param {Core} core
-   * @param {{relay: string, network: string, maxRequestBytes: number, adminToken: string, storage: object}} info
+   * @param {{relay: string, network: string, maxRequestBytes: number, adminToken: string, storage: object, attemptTimeout?: number}} info
    */
   constructor(core, info) {
     super();
@@ -45,6 +49,8 @@ export class Relay extends EventEmitter {
     this.maxRequestBytes = info.maxRequestBytes;
     this.adminToken = info.adminToken;
     this.storage = info.storage;
+    // The host gives up at two thirds of the core's attempt timeout, so its verdict arrives first.
+    this.responseTimeout = Math.min(RESPONSE_TIMEOUT_MS, Math.max(1, Math.floor(((info.attemptTimeout ?? 30000) * 2) / 3)));
     this.timer = null;
     this.wakeAt = -1;
     this.closed = false;
@@ -97,22 +103,54 @@ export class Relay extends EventEmitter {
     this.#schedule(this.core.nextWake());
   }
 
-  /** One HTTP exchange with a peer; never follows redirects. */
-  async exchange(method, url, headers, body) {
-    if (!url.startsWith('http://') && !url.startsWith('https://')) return { kind: 'not_sent', why: 'scheme' };
-    const ctrl = new AbortController();
-    const timer = setTimeout(() => ctrl.abort(), RESPONSE_TIMEOUT_MS);
+  /**
+   * One HTTP exchange with a peer over node:http(s); never follows redirects or retries
+   * (fetch retries a 421 on its own, which would resend a signed request with a used nonce).
+   * `not_sent` only when no connection was made; after that an error or timeout is `unknown`.
+   */
+  exchange(method, url, headers, body) {
+    let u;
     try {
-      const res = await fetch(url, { method, headers: { 'content-type': 'application/json', ...headers }, body, redirect: 'manual', signal: ctrl.signal });
-      const text = await res.text();
-      return { kind: 'answered', status: res.status, body: text };
-    } catch (e) {
-      const code = e?.cause?.code ?? e?.code;
-      if (NOT_SENT.has(code) || e?.cause?.name === 'ConnectTimeoutError') return { kind: 'not_sent', why: String(code) };
-      return { kind: 'unknown', why: String(e?.name === 'AbortError' ? 'timeout' : code ?? e) };
-    } finally {
-      clearTimeout(timer);
+      u = new URL(url);
+    } catch {
+      return Promise.resolve({ kind: 'not_sent', why: 'url' });
     }
+    const lib = u.protocol === 'http:' ? http : u.protocol === 'https:' ? https : null;
+    if (!lib) return Promise.resolve({ kind: 'not_sent', why: 'scheme' });
+    return new Promise((resolve) => {
+      let connected = false;
+      let done = false;
+      const finish = (r) => {
+        if (done) return;
+        done = true;
+        clearTimeout(timer);
+        resolve(r);
+      };
+      const lost = (why) => (connected ? { kind: 'unknown', why } : { kind: 'not_sent', why });
+      const all = { 'content-type': 'application/json', ...headers };
+      if (body !== undefined) all['content-length'] = Buffer.byteLength(body);
+      const req = lib.request(u, { method, headers: all, agent: AGENTS[u.protocol] }, (res) => {
+        const chunks = [];
+        let size = 0;
+        res.on('data', (c) => {
+          size += c.length;
+          if (size > MAX_ANSWER) req.destroy(new Error('answer too large'));
+          else chunks.push(c);
+        });
+        res.on('end', () => finish({ kind: 'answered', status: res.statusCode, body: Buffer.concat(chunks).toString('utf8') }));
+        res.on('error', (e) => finish({ kind: 'unknown', why: String(e?.code ?? e) }));
+      });
+      const timer = setTimeout(() => {
+        finish(lost('timeout'));
+        req.destroy(new Error('timeout'));
+      }, this.responseTimeout);
+      req.on('socket', (sock) => {
+        if (!sock.connecting) connected = true;
+        else sock.once('connect', () => (connected = true));
+      });
+      req.on('error', (e) => finish(NOT_SENT.has(e?.code) && !connected ? { kind: 'not_sent', why: e.code } : lost(String(e?.code ?? e?.message))));
+      req.end(body);
+    });
   }
 
   async #attempt(e) {
@@ -221,5 +259,6 @@ export async function createRelay(opts) {
   const config = JSON.stringify({ relay: opts.relay, network, policies: opts.policies ?? {}, ...(opts.engine ?? {}) });
   const core = await Core.create(config, storage, new Uint8Array(seed));
   const maxRequestBytes = JSON.parse(core.wellKnown()).policies?.max_request_bytes ?? 262144;
-  return new Relay(core, { relay: opts.relay, network, maxRequestBytes, adminToken: b64u(admin), storage });
+  const attemptTimeout = opts.engine?.attempt_timeout;
+  return new Relay(core, { relay: opts.relay, network, maxRequestBytes, adminToken: b64u(admin), storage, attemptTimeout });
 }

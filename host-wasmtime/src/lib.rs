@@ -243,7 +243,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         admin_token,
         hub: hub::Hub::default(),
         wake: wake_tx,
-        peers: outbound::Peers::new(),
+        peers: outbound::Peers::for_attempts(config.attempt_timeout),
         core_calls: std::sync::atomic::AtomicU64::new(0),
     });
     let first = app.core.run(|c| c.next_wake()).await;

@@ -59,6 +59,9 @@ struct ServeArgs {
     /// The core component to run.
     #[arg(long)]
     component: Option<PathBuf>,
+    /// How long an outbound delivery attempt may take before its outcome is unknown (ms).
+    #[arg(long)]
+    attempt_timeout: Option<u64>,
 }
 
 fn settings(a: ServeArgs) -> anyhow::Result<Settings> {
@@ -87,6 +90,9 @@ fn settings(a: ServeArgs) -> anyhow::Result<Settings> {
     }
     if a.component.is_some() {
         s.component = a.component;
+    }
+    if a.attempt_timeout.is_some() {
+        s.attempt_timeout = a.attempt_timeout;
     }
     for p in &a.policies {
         s.apply_policy(p)?;

@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Connecting may take this long before the attempt counts as not made.
+/// Connecting may take at most this long before the attempt counts as not made.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The whole exchange may take this long before its outcome counts as unknown (below the core's 30 s attempt timeout).
+/// The whole exchange may take at most this long before its outcome counts as unknown.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Largest answer read from a peer.
 const MAX_ANSWER: usize = 1 << 20;
@@ -22,6 +22,7 @@ const MAX_ANSWER: usize = 1 << 20;
 pub struct Peers {
     client: Client<HttpConnector, Full<Bytes>>,
     keys: Mutex<HashMap<String, [u8; 32]>>,
+    response_timeout: Duration,
 }
 
 /// How an exchange with a peer ended.
@@ -36,12 +37,23 @@ pub enum Exchange {
 
 impl Peers {
     pub fn new() -> Peers {
+        Peers::within(RESPONSE_TIMEOUT)
+    }
+
+    /// A client whose exchanges end within the engine's attempt timeout (ms): the host gives
+    /// up at two thirds of it, so its verdict reaches the core before the core's own timer.
+    pub fn for_attempts(attempt_timeout: u64) -> Peers {
+        Peers::within(RESPONSE_TIMEOUT.min(Duration::from_millis((attempt_timeout * 2 / 3).max(1))))
+    }
+
+    fn within(response_timeout: Duration) -> Peers {
         let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT.min(response_timeout)));
         http.set_nodelay(true);
         Peers {
             client: Client::builder(TokioExecutor::new()).build(http),
             keys: Mutex::new(HashMap::new()),
+            response_timeout,
         }
     }
 
@@ -77,7 +89,7 @@ impl Peers {
                 .to_bytes();
             Ok::<_, anyhow::Error>((status, body.to_vec()))
         };
-        match tokio::time::timeout(RESPONSE_TIMEOUT, fut).await {
+        match tokio::time::timeout(self.response_timeout, fut).await {
             Err(_) => Exchange::Unknown("timeout".into()),
             Ok(Ok((status, body))) => Exchange::Answered(status, body),
             Ok(Err(e)) => {

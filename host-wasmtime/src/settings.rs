@@ -48,6 +48,8 @@ pub struct FileSettings {
     pub network: Option<String>,
     pub component: Option<String>,
     pub memory: Option<bool>,
+    /// How long an outbound delivery attempt may take before its outcome is unknown (ms).
+    pub attempt_timeout: Option<u64>,
     #[serde(default)]
     pub policy: BTreeMap<String, u64>,
 }
@@ -67,6 +69,9 @@ impl Settings {
         }
         if f.memory == Some(true) {
             self.data = None;
+        }
+        if f.attempt_timeout.is_some() {
+            self.attempt_timeout = f.attempt_timeout;
         }
         if let Some(n) = f.network {
             self.network = n;

@@ -4,9 +4,12 @@
 //! Rule tests drive it step by step; the deterministic simulation drives it
 //! with faults. Everything is seeded: a world replays exactly from its seed.
 
+pub mod compose;
+pub mod live;
+
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
-use relay_core::client::{draft, random_id, seal, AccountKey, DeviceKey};
+use relay_core::client::{draft, random_id, AccountKey, DeviceKey};
 use relay_core::engine::{
     Caller, Config, Effect, Engine, MemoryStore, Outcome, PeerMethod, Response,
 };
@@ -362,57 +365,21 @@ impl World {
         text: &str,
         m: &Msg,
     ) -> Object {
-        let key = seal::message_key(&mut self.rng);
-        let mut body = seal::seal_body(&mut self.rng, &key, text.as_bytes());
-        body.insert("x-test", text);
         let created = (self.clock(from.home) as i64 + m.created_offset) as u64;
-        let id = random_id(&mut self.rng);
-        let mut env = draft::envelope(
-            NET,
-            &id,
-            &from.key.id(),
-            &from.devices[dev].id(),
+        let sender = compose::Sender {
+            key: &from.key,
+            devices: &from.devices,
+            device: dev,
+        };
+        compose::message(
+            &mut self.rng,
+            sender,
             &to.key.id(),
+            &to.devices,
+            text,
             created,
-            body,
-        );
-        if let Some(t) = m.body_expires_at {
-            env = env.set("body_expires_at", t);
-        }
-        let env = env.sign(&from.devices[dev]);
-        let picks: Vec<usize> = m
-            .to_devices
-            .clone()
-            .unwrap_or_else(|| (0..to.devices.len()).collect());
-        let boxes: Vec<Object> = picks
-            .iter()
-            .map(|&i| {
-                seal::seal_key_box(
-                    &mut self.rng,
-                    &to.devices[i].id(),
-                    &to.devices[i].box_key(),
-                    &key,
-                )
-            })
-            .collect();
-        let mut p = Object::new();
-        p.insert("envelope", env);
-        p.insert("recipient_boxes", seal::boxes(boxes));
-        if m.sender_boxes {
-            let boxes: Vec<Object> = from
-                .devices
-                .iter()
-                .map(|d| seal::seal_key_box(&mut self.rng, &d.id(), &d.box_key(), &key))
-                .collect();
-            p.insert("sender_boxes", seal::boxes(boxes));
-        }
-        if let Some(a) = &m.authorization {
-            p.insert("authorization", a.clone());
-        }
-        if let Some(r) = &m.recipient_route {
-            p.insert("recipient_route", r.clone());
-        }
-        p
+            m,
+        )
     }
 
     /// A contact grant from `grantor` to `grantee`.

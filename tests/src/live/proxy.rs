@@ -1,0 +1,377 @@
+//! A fault-injecting HTTP proxy that stands in front of a relay: the relay's public id is
+//! the proxy's address, so every peer's relay RPC passes through it. Faults apply to relay
+//! RPC (`/relay/v1/...`) only; `/.well-known/relay` always passes. Every request is
+//! logged (time, path, message id, body, fault, upstream status) so the suite can check
+//! the source's discipline: unchanged retries, waits after `rate_limited`, nothing after
+//! the deadline.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use relay_core::wire::json::{self, Value};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the proxy does to one relay RPC request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Forwards it and returns the answer.
+    Pass,
+    /// Never forwards it; closes the connection (the source cannot know it was not seen).
+    DropRequest,
+    /// Forwards it, lets the destination act, and closes before answering.
+    DropResponse,
+    /// Holds it this many ms (past the source's timeout), then forwards it.
+    Delay(u64),
+    /// Answers 429 `rate_limited` with `data.retry_after` (and `Retry-After`) of this many ms.
+    RateLimited(u64),
+    /// Answers 503 `unavailable`.
+    Unavailable,
+    /// Resets the connection (RST) without forwarding.
+    Reset,
+}
+
+/// Chances (per thousand) of each fault in chaos mode; the rest pass.
+#[derive(Clone, Copy, Debug)]
+pub struct Chaos {
+    pub drop_request: u32,
+    pub drop_response: u32,
+    pub delay: u32,
+    pub delay_ms: u64,
+    pub rate_limited: u32,
+    pub retry_after_ms: u64,
+    pub unavailable: u32,
+    pub reset: u32,
+}
+
+/// One request seen by the proxy.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    /// When it arrived (ms since epoch, the relays' clock).
+    pub at: u64,
+    /// When the proxy answered, or closed without answering.
+    pub done_at: u64,
+    pub path: String,
+    /// `envelope.message_id` of a message.deliver body.
+    pub message_id: Option<String>,
+    pub body: Vec<u8>,
+    pub fault: Fault,
+    /// The destination's HTTP status, when it was forwarded and answered.
+    pub upstream_status: Option<u16>,
+    /// The destination's answer (status line, headers and body), when it answered.
+    pub answer: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    upstream: u16,
+    script: VecDeque<Fault>,
+    chaos: Option<(Chaos, ChaCha20Rng)>,
+    log: Vec<Hit>,
+}
+
+/// A running proxy; its threads end with the test process.
+#[derive(Clone)]
+pub struct Proxy {
+    port: u16,
+    state: Arc<Mutex<State>>,
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Proxy {
+    /// Listens on a loopback port; set the upstream before traffic arrives.
+    pub fn start() -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listens");
+        let port = listener.local_addr().expect("proxy address").port();
+        let p = Proxy {
+            port,
+            state: Arc::new(Mutex::new(State::default())),
+        };
+        let me = p.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let me = me.clone();
+                std::thread::spawn(move || me.serve(conn));
+            }
+        });
+        p
+    }
+
+    /// The address peers use: the proxied relay's id.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Where requests go.
+    pub fn set_upstream(&self, port: u16) {
+        self.lock().upstream = port;
+    }
+
+    /// Faults for the next relay RPC requests, in order (then they pass).
+    pub fn script(&self, faults: &[Fault]) {
+        self.lock().script.extend(faults.iter().copied());
+    }
+
+    /// Random faults from now on, seeded.
+    pub fn chaos(&self, chaos: Chaos, seed: u64) {
+        self.lock().chaos = Some((chaos, ChaCha20Rng::seed_from_u64(seed)));
+    }
+
+    /// No more faults: everything passes.
+    pub fn heal(&self) {
+        let mut s = self.lock();
+        s.script.clear();
+        s.chaos = None;
+    }
+
+    /// Every request seen so far.
+    pub fn log(&self) -> Vec<Hit> {
+        self.lock().log.clone()
+    }
+
+    /// The message.deliver requests seen for one message, in arrival order.
+    pub fn delivers(&self, message_id: &str) -> Vec<Hit> {
+        let mut hits: Vec<Hit> = self
+            .log()
+            .into_iter()
+            .filter(|h| h.message_id.as_deref() == Some(message_id))
+            .collect();
+        hits.sort_by_key(|h| h.at);
+        hits
+    }
+
+    /// Waits (up to 10 s) until `n` requests for the message are done, then returns them.
+    pub fn wait_delivers(&self, message_id: &str, n: usize) -> Vec<Hit> {
+        let started = std::time::Instant::now();
+        loop {
+            let hits = self.delivers(message_id);
+            if hits.len() >= n || started.elapsed() > Duration::from_secs(10) {
+                return hits;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn pick(&self, path: &str) -> (Fault, u16) {
+        let mut s = self.lock();
+        let upstream = s.upstream;
+        if !path.starts_with("/relay/v1/") {
+            return (Fault::Pass, upstream);
+        }
+        if let Some(f) = s.script.pop_front() {
+            return (f, upstream);
+        }
+        let Some((c, rng)) = s.chaos.as_mut() else {
+            return (Fault::Pass, upstream);
+        };
+        let mut roll = rng.gen_range(0..1000u32);
+        let table = [
+            (c.drop_request, Fault::DropRequest),
+            (c.drop_response, Fault::DropResponse),
+            (c.delay, Fault::Delay(c.delay_ms)),
+            (c.rate_limited, Fault::RateLimited(c.retry_after_ms)),
+            (c.unavailable, Fault::Unavailable),
+            (c.reset, Fault::Reset),
+        ];
+        for (chance, fault) in table {
+            if roll < chance {
+                return (fault, upstream);
+            }
+            roll -= chance;
+        }
+        (Fault::Pass, upstream)
+    }
+
+    /// Serves one client connection, one request at a time.
+    fn serve(&self, mut conn: TcpStream) {
+        let _ = conn.set_nodelay(true);
+        while let Some(req) = read_request(&mut conn) {
+            let at = now_ms();
+            let (fault, upstream) = self.pick(&req.path);
+            let mut upstream_status = None;
+            let mut answered = Vec::new();
+            let keep = match fault {
+                Fault::Pass | Fault::Delay(_) | Fault::DropResponse => {
+                    if let Fault::Delay(ms) = fault {
+                        std::thread::sleep(Duration::from_millis(ms));
+                    }
+                    match forward(upstream, &req) {
+                        Some((status, answer)) => {
+                            upstream_status = Some(status);
+                            let keep =
+                                fault != Fault::DropResponse && conn.write_all(&answer).is_ok();
+                            answered = answer;
+                            keep
+                        }
+                        None => false,
+                    }
+                }
+                Fault::DropRequest => false,
+                Fault::RateLimited(ms) => {
+                    let body = format!(
+                        r#"{{"error":{{"code":"rate_limited","message":"proxy: slow down","data":{{"retry_after":{ms}}}}}}}"#
+                    );
+                    let secs = ms.div_ceil(1000).max(1);
+                    conn.write_all(&answer(429, &body, &[("retry-after", &secs.to_string())]))
+                        .is_ok()
+                }
+                Fault::Unavailable => {
+                    let body = r#"{"error":{"code":"unavailable","message":"proxy: try later"}}"#;
+                    conn.write_all(&answer(503, body, &[])).is_ok()
+                }
+                Fault::Reset => {
+                    let _ = socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO));
+                    false
+                }
+            };
+            let hit = Hit {
+                at,
+                done_at: now_ms(),
+                message_id: message_id_of(&req.body),
+                path: req.path,
+                body: req.body,
+                fault,
+                upstream_status,
+                answer: answered,
+            };
+            self.lock().log.push(hit);
+            if !keep {
+                break;
+            }
+        }
+        let _ = conn.shutdown(Shutdown::Both);
+    }
+}
+
+/// A request as read off the wire.
+struct Request {
+    method: String,
+    path: String,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+}
+
+fn find_head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+}
+
+/// Reads one request with a Content-Length body (what both hosts' clients send).
+fn read_request(conn: &mut TcpStream) -> Option<Request> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    let head_end = loop {
+        if let Some(end) = find_head_end(&buf) {
+            break end;
+        }
+        let n = conn.read(&mut chunk).ok()?;
+        if n == 0 || buf.len() > 64 * 1024 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut parsed = httparse::Request::new(&mut headers);
+    parsed.parse(&buf[..head_end]).ok()?;
+    let method = parsed.method?.to_string();
+    let path = parsed.path?.to_string();
+    let headers: Vec<(String, Vec<u8>)> = parsed
+        .headers
+        .iter()
+        .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec()))
+        .collect();
+    let length = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < length {
+        let n = conn.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    body.truncate(length);
+    Some(Request {
+        method,
+        path,
+        headers,
+        body,
+    })
+}
+
+/// Sends the request upstream on a fresh connection; the whole answer, rewritten to close.
+fn forward(upstream: u16, req: &Request) -> Option<(u16, Vec<u8>)> {
+    let mut up = TcpStream::connect(("127.0.0.1", upstream)).ok()?;
+    let mut head = format!("{} {} HTTP/1.1\r\n", req.method, req.path).into_bytes();
+    for (name, value) in &req.headers {
+        if name == "connection" || name == "keep-alive" {
+            continue;
+        }
+        head.extend_from_slice(name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value);
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"connection: close\r\n\r\n");
+    up.write_all(&head).ok()?;
+    up.write_all(&req.body).ok()?;
+    let mut raw = Vec::new();
+    up.read_to_end(&mut raw).ok()?;
+    let head_end = find_head_end(&raw)?;
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut parsed = httparse::Response::new(&mut headers);
+    parsed.parse(&raw[..head_end]).ok()?;
+    let status = parsed.code?;
+    // The client keeps its connection only if the answer says so; this proxy serves one
+    // exchange per upstream connection, so it tells the client to reconnect.
+    let mut out = format!("HTTP/1.1 {status} {}\r\n", parsed.reason.unwrap_or("")).into_bytes();
+    for h in parsed.headers.iter() {
+        if h.name.eq_ignore_ascii_case("connection") || h.name.eq_ignore_ascii_case("keep-alive") {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"connection: close\r\n\r\n");
+    out.extend_from_slice(&raw[head_end..]);
+    Some((status, out))
+}
+
+fn answer(status: u16, body: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {status} proxy\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str("\r\n");
+    out.push_str(body);
+    out.into_bytes()
+}
+
+fn message_id_of(body: &[u8]) -> Option<String> {
+    let v = json::parse(body).ok()?;
+    let env = v.as_object()?.get("envelope")?;
+    env.as_object()?
+        .get("message_id")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
