@@ -300,7 +300,7 @@ pub fn follow(
                     return Ok(());
                 }
             }
-            match ws.next() {
+            match ws.next_incoming() {
                 Ok(Incoming::Notification { method, params }) => {
                     let latest = params.get("latest_seq").and_then(Value::as_protocol_int);
                     if method == "message.timeline.changed" && latest.is_none_or(|l| l > after) {

@@ -118,7 +118,7 @@ fn classify(e: &ureq::Error) -> TransportError {
         E::HostNotFound | E::ConnectionFailed | E::BadUri(_) | E::RequireHttpsOnly(_) => {
             TransportError::NotAttempted(e.to_string())
         }
-        E::Timeout(t) if matches!(t, ureq::Timeout::Resolve | ureq::Timeout::Connect) => {
+        E::Timeout(ureq::Timeout::Resolve | ureq::Timeout::Connect) => {
             TransportError::NotAttempted(e.to_string())
         }
         E::Io(io) if io.kind() == ErrorKind::ConnectionRefused => {
@@ -295,7 +295,7 @@ impl Ws {
     }
 
     /// The next notification, or [`Incoming::Idle`] after the read timeout.
-    pub fn next(&mut self) -> Result<Incoming, WsError> {
+    pub fn next_incoming(&mut self) -> Result<Incoming, WsError> {
         if !self.pending.is_empty() {
             let (method, params) = self.pending.remove(0);
             return Ok(Incoming::Notification { method, params });
