@@ -414,7 +414,7 @@ pub fn status(g: &Globals, message_id: &str, out: &mut dyn Write) -> Result<u8, 
     ))
 }
 
-/// Lists the outbox: `message_id  state  status  to`.
+/// Lists the outbox: `message_id  state  status  to[  replaced by ID]`.
 pub fn outbox(g: &Globals, out: &mut dyn Write) -> Result<(), CliError> {
     let p = g.store().load()?;
     let mut rows: Vec<_> = p.outbox.iter().collect();
@@ -427,7 +427,17 @@ pub fn outbox(g: &Globals, out: &mut dyn Write) -> Result<(), CliError> {
             .map(|s| status_of(&s).to_string())
             .unwrap_or_else(|| "-".into());
         let state = serde_json::to_string(&e.state).unwrap_or_default();
-        let _ = writeln!(out, "{id}  {}  {st}  {}", state.trim_matches('"'), e.to);
+        let replaced = e
+            .replaced_by
+            .as_deref()
+            .map(|r| format!("  replaced by {r}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{id}  {}  {st}  {}{replaced}",
+            state.trim_matches('"'),
+            e.to
+        );
     }
     Ok(())
 }

@@ -370,3 +370,71 @@ pub fn route(client: &Client, account: &AccountId) -> Result<Option<Object>, Cli
         None => Ok(None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use relay_core::client::{draft, random_id, AccountKey, DeviceKey};
+
+    fn card_bytes(tamper: impl FnOnce(&mut Object)) -> (AccountKey, Vec<u8>) {
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
+        let bob = AccountKey::generate(&mut rng);
+        let dev = DeviceKey::generate(&mut rng);
+        let route = draft::route("dev", &bob.id(), "http://127.0.0.1:9", 2, 1_000).sign(&bob);
+        let cert = draft::certificate("dev", &bob, &dev, &["send", "sync"], 1_000).sign(&bob);
+        let inv = draft::invite("dev", &random_id(&mut rng), &bob.id(), 1_000, 5_000)
+            .set("route", route.clone())
+            .sign(&bob);
+        let mut card = card_object(&bob.id(), route, vec![cert], Some(inv));
+        tamper(&mut card);
+        (bob, canonical::object_to_vec(&card))
+    }
+
+    #[test]
+    fn a_card_yields_the_verified_route_devices_and_invite() {
+        let (bob, bytes) = card_bytes(|_| {});
+        let c = parse_card(&bytes, "dev").unwrap();
+        assert_eq!(c.account, bob.id());
+        assert_eq!(c.route.unwrap().revision, 2);
+        assert_eq!(c.devices.len(), 1);
+        assert!(matches!(c.authorization, Some(Authorization::Invite(_))));
+        // Another network is refused.
+        assert!(parse_card(&bytes, "main").is_err());
+    }
+
+    #[test]
+    fn a_card_with_a_foreign_or_tampered_part_is_refused() {
+        // A device certificate of someone else's account.
+        let (_, bytes) = card_bytes(|card| {
+            let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(4);
+            let eve = AccountKey::generate(&mut rng);
+            let dev = DeviceKey::generate(&mut rng);
+            let cert = draft::certificate("dev", &eve, &dev, &["send"], 1_000).sign(&eve);
+            card.insert("devices", Value::Array(vec![Value::Object(cert)]));
+        });
+        assert!(parse_card(&bytes, "dev").is_err());
+        // A route redirected to another relay without the account's signature.
+        let (_, bytes) = card_bytes(|card| {
+            let mut r = card
+                .get("route")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap();
+            r.insert("relay", "http://127.0.0.1:10");
+            card.insert("route", r);
+        });
+        assert!(parse_card(&bytes, "dev").is_err());
+        // An invite whose signature does not cover its content.
+        let (_, bytes) = card_bytes(|card| {
+            let mut a = card
+                .get("authorization")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap();
+            a.insert("expires_at", 6_000u64);
+            card.insert("authorization", a);
+        });
+        assert!(parse_card(&bytes, "dev").is_err());
+    }
+}

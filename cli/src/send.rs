@@ -199,6 +199,12 @@ pub fn deliver(client: &mut Client, message_id: &str, wait: Duration) -> Result<
         .get(message_id)
         .cloned()
         .ok_or_else(|| CliError::Input(format!("message {message_id} is not in the outbox")))?;
+    if let Some(newer) = &entry.replaced_by {
+        // Already answered once with a new message: never a second replacement.
+        return Err(CliError::Input(format!(
+            "message {message_id} failed with device_unknown and was replaced by {newer}"
+        )));
+    }
     let to = AccountId::parse(&entry.to)
         .ok_or_else(|| CliError::Profile(format!("outbox {message_id}: bad recipient")))?;
     eprintln!("device_unknown for {message_id}: refreshing the recipient's devices and sending a new message");

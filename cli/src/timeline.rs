@@ -331,3 +331,171 @@ pub fn follow(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use relay_core::client::{draft, random_id, AccountKey};
+    use relay_core::wire::json::Value;
+
+    struct World {
+        rng: rand_chacha::ChaCha20Rng,
+        alice: AccountKey,
+        alice_dev: DeviceKey,
+        bob: AccountKey,
+        bob_dev: DeviceKey,
+    }
+
+    fn world() -> World {
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
+        World {
+            alice: AccountKey::generate(&mut rng),
+            alice_dev: DeviceKey::generate(&mut rng),
+            bob: AccountKey::generate(&mut rng),
+            bob_dev: DeviceKey::generate(&mut rng),
+            rng,
+        }
+    }
+
+    /// A received entry from alice to bob with `text`, as the relay would return it.
+    fn entry(w: &mut World, text: &str) -> Object {
+        let cert =
+            draft::certificate("dev", &w.alice, &w.alice_dev, &["send"], 1_000).sign(&w.alice);
+        let key = seal::message_key(&mut w.rng);
+        let body = seal::seal_body(&mut w.rng, &key, text.as_bytes());
+        let env = draft::envelope(
+            "dev",
+            &random_id(&mut w.rng),
+            &w.alice.id(),
+            &w.alice_dev.id(),
+            &w.bob.id(),
+            2_000,
+            body,
+        )
+        .sign(&w.alice_dev);
+        let kb = seal::seal_key_box(&mut w.rng, &w.bob_dev.id(), &w.bob_dev.box_key(), &key);
+        let mut e = Object::new();
+        e.insert("seq", 5u64);
+        e.insert("kind", "received");
+        e.insert("accepted_at", 2_001u64);
+        e.insert("expires_at", 9_999u64);
+        e.insert("envelope", env);
+        e.insert("device_certificate", cert);
+        e.insert("key_box", kb);
+        e
+    }
+
+    fn bob_reader(w: &World) -> Reader {
+        Reader {
+            network: "dev".into(),
+            me: w.bob.id(),
+            device: w.bob_dev.clone(),
+        }
+    }
+
+    fn set_in(e: &mut Object, member: &str, key: &str, v: impl Into<Value>) {
+        let mut o = e.get(member).and_then(Value::as_object).cloned().unwrap();
+        o.insert(key, v);
+        e.insert(member, o);
+    }
+
+    #[test]
+    fn a_valid_entry_is_decrypted_and_shown() {
+        let mut w = world();
+        let e = entry(&mut w, "hi\x1b[2J bob");
+        let line = bob_reader(&w).open(&e);
+        assert_eq!(line.text.as_deref(), Ok("hi\x1b[2J bob"));
+        // Control characters never reach the terminal.
+        assert_eq!(
+            line.to_string(),
+            format!("5  received  {}  hi\\u{{1b}}[2J bob", w.alice.id())
+        );
+    }
+
+    #[test]
+    fn a_tampered_envelope_is_unverified() {
+        let mut w = world();
+        let mut e = entry(&mut w, "hi");
+        set_in(&mut e, "envelope", "created_at", 2_002u64);
+        let line = bob_reader(&w).open(&e);
+        assert!(
+            line.text.as_ref().unwrap_err().contains("signature"),
+            "{line}"
+        );
+        assert!(line.to_string().starts_with("UNVERIFIED 5  received"));
+    }
+
+    #[test]
+    fn a_certificate_not_signed_by_the_sender_account_is_unverified() {
+        let mut w = world();
+        let mut e = entry(&mut w, "hi");
+        // A certificate for alice's device, signed by someone else's account key.
+        let mallory = AccountKey::generate(&mut w.rng);
+        let forged =
+            draft::certificate("dev", &w.alice, &w.alice_dev, &["send"], 1_000).sign(&mallory);
+        e.insert("device_certificate", forged);
+        let line = bob_reader(&w).open(&e);
+        assert!(line.text.is_err(), "{line}");
+        // A certificate of another device does not match the envelope.
+        let mut e = entry(&mut w, "hi");
+        let other = DeviceKey::generate(&mut w.rng);
+        e.insert(
+            "device_certificate",
+            draft::certificate("dev", &w.alice, &other, &["send"], 1_000).sign(&w.alice),
+        );
+        assert!(bob_reader(&w).open(&e).text.is_err());
+    }
+
+    #[test]
+    fn a_certificate_issued_after_the_envelope_is_unverified() {
+        let mut w = world();
+        let mut e = entry(&mut w, "hi");
+        let late = draft::certificate(
+            "dev",
+            &w.alice,
+            &w.alice_dev,
+            &["send"],
+            2_000 + CLOCK_TOLERANCE + 1,
+        )
+        .sign(&w.alice);
+        e.insert("device_certificate", late);
+        assert!(bob_reader(&w).open(&e).text.is_err());
+    }
+
+    #[test]
+    fn an_entry_of_the_wrong_kind_or_for_someone_else_is_unverified() {
+        let mut w = world();
+        let mut e = entry(&mut w, "hi");
+        e.insert("kind", "sent");
+        assert!(bob_reader(&w).open(&e).text.is_err());
+        // Alice reading bob's received entry: not for her account.
+        let e = entry(&mut w, "hi");
+        let alice = Reader {
+            network: "dev".into(),
+            me: w.alice.id(),
+            device: w.alice_dev.clone(),
+        };
+        assert!(alice.open(&e).text.is_err());
+    }
+
+    #[test]
+    fn a_key_box_for_another_device_or_a_tampered_body_is_unverified() {
+        let mut w = world();
+        let e = entry(&mut w, "hi");
+        let other = Reader {
+            network: "dev".into(),
+            me: w.bob.id(),
+            device: DeviceKey::generate(&mut w.rng),
+        };
+        assert!(other.open(&e).text.unwrap_err().contains("key box"));
+        let mut e = entry(&mut w, "hi");
+        set_in(
+            &mut e,
+            "key_box",
+            "enc",
+            relay_core::wire::base64url::encode(&[9u8; 32]),
+        );
+        assert!(bob_reader(&w).open(&e).text.is_err());
+    }
+}
