@@ -207,6 +207,22 @@ fn one_relay_send_sync_status_and_retry_without_duplicate() {
     assert_eq!(json_str(&st, "status"), "target_accepted");
     assert_eq!(json_str(&st, "message_id"), id);
 
+    // A session the relay no longer knows is re-opened once, transparently.
+    let text = std::fs::read(&alice).unwrap();
+    let mut profile = relay_core::wire::json::parse_object(&text).unwrap();
+    let mut session = relay_core::wire::json::Object::new();
+    session.insert("token", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    session.insert("expires_at", 9_000_000_000_000u64);
+    profile.insert("session", session);
+    std::fs::write(&alice, relay_core::wire::canonical::object_to_vec(&profile)).unwrap();
+    let st = ok(&alice, &["status", &id]);
+    assert_eq!(json_str(&st, "accepted_at"), accepted_at);
+    let text = String::from_utf8(std::fs::read(&alice).unwrap()).unwrap();
+    assert!(
+        !text.contains("AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+        "a new session was kept"
+    );
+
     // A retry re-sends the same bytes: the same result, no second record.
     let again = ok(&alice, &["retry", &id]);
     assert_eq!(json_str(&again, "message_id"), id);
