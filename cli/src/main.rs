@@ -1,240 +1,343 @@
-//! relayctl: the command-line client for relay.
-//!
-//! Today it carries the tools a person debugging signatures needs:
-//! `canonicalize` and `verify`. Account, messaging and timeline commands
-//! join it as the hosts land.
+//! relayctl: the command-line client for relay. This file only parses arguments.
 
-use relay_core::wire::authorization::{ContactGrant, ContactInvite};
-use relay_core::wire::canonical;
-use relay_core::wire::certificate::DeviceCertificate;
-use relay_core::wire::envelope::MessageEnvelope;
-use relay_core::wire::field::Fields;
-use relay_core::wire::json::{self, Object};
-use relay_core::wire::route::Route;
-use relay_core::wire::session_open::{DeviceRevocation, SessionOpen};
-use relay_core::wire::signature::SignedObject;
-use relay_core::Error;
+use relay_cli::commands::{self, Globals, InitOptions, SendOptions};
+use relay_cli::inspect::{self, VerifyOptions};
+use relay_cli::CliError;
+use relay_core::wire::json;
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 const USAGE: &str = "\
 relayctl: the relay command-line client
 
 USAGE:
-    relayctl canonicalize            JSON on stdin, RFC 8785 canonical form on stdout
-    relayctl verify [OPTIONS]        a signed object on stdin: `valid` or the failing check
+    relayctl [GLOBAL OPTIONS] COMMAND [OPTIONS]
 
-VERIFY OPTIONS:
-    --certificate FILE   the device certificate that signed a message_envelope or session_open
-    --network NAME       the network to check against (default: the object's own)
-    --at MS              also check the certificate's validity at this time (ms since epoch)
+ACCOUNT:
+    init --relay URL [--network NAME] [--discoverable]
+                                 new account + device, registered at URL; saves the profile
+    whoami                       account id, device id, relay of the profile
+    route publish --at URL       publish the profile's current route at another relay
+    move --relay URL             make URL the account's home (route revision + 1)
+    device list [ACCOUNT]        valid and revoked devices (default: our own account)
+    device add --out FILE [--permissions send,sync,manage]
+                                 register a new device of this account; its profile goes to FILE
+    device revoke DEVICE_ID      revoke a device of this account for good
 
-Exit status: 0 valid / done, 1 invalid object, 2 unreadable input or usage error.";
+CONTACTS:
+    invite [--uses N] [--ttl MS] print a contact card with a signed contact_invite
+                                 (default ttl 7 days), for senders to pass to `send --invite`
+    grant ACCOUNT [--ttl MS]     print a contact card with a contact_grant for ACCOUNT
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("canonicalize") => canonicalize(),
-        Some("verify") => verify(&args[1..]),
-        Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
+MESSAGES:
+    send [--to ACCOUNT] [--invite FILE | --grant FILE] [--route-from URL] [--refresh]
+         [--wait SECS] TEXT      encrypt and send TEXT; prints the DeliveryStatus
+                                 (waits up to SECS, default 5, while it is delivering)
+    retry MESSAGE_ID [--wait SECS]
+                                 re-send a stored message unchanged to the same relay
+    status MESSAGE_ID            message.delivery.status of a message we sent
+    outbox                       sent messages: id, local state, last status, recipient
+    sync [--from SEQ]            print new timeline entries (HTTP, one shot) and exit
+    follow [--from SEQ] [--count N]
+                                 follow the timeline over WebSocket (exit after N entries)
+
+TOOLS:
+    canonicalize                 JSON on stdin, RFC 8785 canonical form on stdout
+    verify [--certificate FILE] [--network NAME] [--at MS]
+                                 a signed object on stdin: `valid` or the failing check
+
+GLOBAL OPTIONS:
+    --profile FILE   the profile (default $RELAYCTL_PROFILE, else ./relayctl.json)
+    --timeout SECS   one HTTP call's limit before its outcome counts as unknown (default 30)
+    --attempts N     attempts of one request on timeouts and lost answers (default 5)
+
+Timeline lines are `SEQ  KIND  FROM  TEXT`, or `UNVERIFIED SEQ  KIND  REASON`.
+Exit status: 0 done, 1 refused/invalid/failed, 2 usage or local input, 3 outcome unknown.";
+
+/// Command-line options after the command words: `--flag value`, `--switch`, positionals.
+struct Args {
+    values: BTreeMap<String, String>,
+    switches: Vec<String>,
+    positional: Vec<String>,
+}
+
+impl Args {
+    fn parse(args: &[String], with_value: &[&str], switches: &[&str]) -> Result<Args, CliError> {
+        let mut a = Args {
+            values: BTreeMap::new(),
+            switches: Vec::new(),
+            positional: Vec::new(),
+        };
+        let mut it = args.iter();
+        while let Some(x) = it.next() {
+            if x == "--" {
+                a.positional.extend(it.by_ref().cloned());
+                break;
+            }
+            if with_value.contains(&x.as_str()) {
+                let v = it
+                    .next()
+                    .ok_or_else(|| CliError::Usage(format!("{x} needs a value")))?;
+                a.values.insert(x.clone(), v.clone());
+            } else if switches.contains(&x.as_str()) {
+                a.switches.push(x.clone());
+            } else if x.starts_with("--") {
+                return Err(CliError::Usage(format!("unknown option {x}")));
+            } else {
+                a.positional.push(x.clone());
+            }
         }
-        _ => {
-            eprintln!("{USAGE}");
-            ExitCode::from(2)
+        Ok(a)
+    }
+
+    fn get(&self, k: &str) -> Option<&str> {
+        self.values.get(k).map(String::as_str)
+    }
+
+    fn has(&self, k: &str) -> bool {
+        self.switches.iter().any(|s| s == k)
+    }
+
+    fn number(&self, k: &str) -> Result<Option<u64>, CliError> {
+        self.get(k)
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| CliError::Usage(format!("{k} takes a non-negative integer")))
+            })
+            .transpose()
+    }
+
+    fn required(&self, k: &str) -> Result<&str, CliError> {
+        self.get(k)
+            .ok_or_else(|| CliError::Usage(format!("{k} is required")))
+    }
+
+    fn one_positional(&self, what: &str) -> Result<&str, CliError> {
+        match self.positional.as_slice() {
+            [x] => Ok(x),
+            _ => Err(CliError::Usage(format!("expected one {what}"))),
+        }
+    }
+
+    fn no_positional(&self) -> Result<(), CliError> {
+        match self.positional.first() {
+            None => Ok(()),
+            Some(x) => Err(CliError::Usage(format!("unexpected argument {x:?}"))),
         }
     }
 }
 
-fn read_stdin() -> Result<Vec<u8>, ExitCode> {
+/// Takes the global options out of the argument list (they may stand anywhere).
+fn globals(args: Vec<String>) -> Result<(Globals, Vec<String>), CliError> {
+    let mut g = Globals::default();
+    let mut rest = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| CliError::Usage(format!("{a} needs a value")))
+        };
+        match a.as_str() {
+            "--profile" => g.profile = Some(PathBuf::from(value()?)),
+            "--timeout" => {
+                let s: u64 = value()?
+                    .parse()
+                    .map_err(|_| CliError::Usage("--timeout takes seconds".into()))?;
+                g.timeout = Duration::from_secs(s.max(1));
+            }
+            "--attempts" => {
+                let n: u32 = value()?
+                    .parse()
+                    .map_err(|_| CliError::Usage("--attempts takes a number".into()))?;
+                g.retry.attempts = n.max(1);
+            }
+            "--" => {
+                rest.push(a);
+                rest.extend(it.by_ref());
+                break;
+            }
+            _ => rest.push(a),
+        }
+    }
+    Ok((g, rest))
+}
+
+fn wait_of(a: &Args) -> Result<Duration, CliError> {
+    Ok(Duration::from_secs(a.number("--wait")?.unwrap_or(5)))
+}
+
+fn run(args: Vec<String>) -> Result<u8, CliError> {
+    let (g, args) = globals(args)?;
+    let stdout = std::io::stdout();
+    let out = &mut stdout.lock();
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => return Err(CliError::Usage("no command".into())),
+    };
+    match cmd {
+        "init" => {
+            let a = Args::parse(rest, &["--relay", "--network"], &["--discoverable"])?;
+            a.no_positional()?;
+            let o = InitOptions {
+                relay: a.required("--relay")?.to_string(),
+                network: a.get("--network").map(str::to_string),
+                discoverable: a.has("--discoverable"),
+            };
+            commands::init(&g, &o, out)?;
+        }
+        "whoami" => {
+            Args::parse(rest, &[], &[])?.no_positional()?;
+            commands::whoami(&g, out)?;
+        }
+        "route" => {
+            let a = Args::parse(rest, &["--at"], &[])?;
+            if a.one_positional("subcommand (publish)")? != "publish" {
+                return Err(CliError::Usage("route publish --at URL".into()));
+            }
+            commands::route_publish(&g, a.required("--at")?, out)?;
+        }
+        "move" => {
+            let a = Args::parse(rest, &["--relay"], &[])?;
+            a.no_positional()?;
+            commands::move_to(&g, a.required("--relay")?, out)?;
+        }
+        "device" => {
+            let a = Args::parse(rest, &["--out", "--permissions"], &[])?;
+            match a
+                .positional
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .as_slice()
+            {
+                ["list"] => commands::device_list(&g, None, out)?,
+                ["list", account] => commands::device_list(&g, Some(account), out)?,
+                ["add"] => {
+                    let perms: Vec<String> = a
+                        .get("--permissions")
+                        .unwrap_or("send,sync,manage")
+                        .split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect();
+                    commands::device_add(&g, PathBuf::from(a.required("--out")?), &perms, out)?
+                }
+                ["revoke", id] => commands::device_revoke(&g, id, out)?,
+                _ => {
+                    return Err(CliError::Usage(
+                        "device list [ACCOUNT] | device add --out FILE | device revoke DEVICE_ID"
+                            .into(),
+                    ))
+                }
+            }
+        }
+        "invite" => {
+            let a = Args::parse(rest, &["--uses", "--ttl"], &[])?;
+            a.no_positional()?;
+            let ttl = a.number("--ttl")?.unwrap_or(7 * 24 * 3600 * 1000);
+            commands::invite(&g, a.number("--uses")?, ttl, out)?;
+        }
+        "grant" => {
+            let a = Args::parse(rest, &["--ttl"], &[])?;
+            commands::grant(&g, a.one_positional("ACCOUNT")?, a.number("--ttl")?, out)?;
+        }
+        "send" => {
+            let a = Args::parse(
+                rest,
+                &["--to", "--invite", "--grant", "--route-from", "--wait"],
+                &["--refresh"],
+            )?;
+            if a.get("--invite").is_some() && a.get("--grant").is_some() {
+                return Err(CliError::Usage("pass --invite or --grant, not both".into()));
+            }
+            let o = SendOptions {
+                to: a.get("--to").map(str::to_string),
+                card: a.get("--invite").or(a.get("--grant")).map(PathBuf::from),
+                route_from: a.get("--route-from").map(str::to_string),
+                refresh: a.has("--refresh"),
+                wait: wait_of(&a)?,
+                text: a.one_positional("TEXT")?.to_string(),
+            };
+            return commands::send(&g, &o, out);
+        }
+        "retry" => {
+            let a = Args::parse(rest, &["--wait"], &[])?;
+            return commands::retry(&g, a.one_positional("MESSAGE_ID")?, wait_of(&a)?, out);
+        }
+        "status" => {
+            let a = Args::parse(rest, &[], &[])?;
+            return commands::status(&g, a.one_positional("MESSAGE_ID")?, out);
+        }
+        "outbox" => {
+            Args::parse(rest, &[], &[])?.no_positional()?;
+            commands::outbox(&g, out)?;
+        }
+        "sync" => {
+            let a = Args::parse(rest, &["--from"], &[])?;
+            a.no_positional()?;
+            commands::sync(&g, a.number("--from")?, out)?;
+        }
+        "follow" => {
+            let a = Args::parse(rest, &["--from", "--count"], &[])?;
+            a.no_positional()?;
+            let count = a.number("--count")?.map(|n| n as usize);
+            commands::follow(&g, a.number("--from")?, count, out)?;
+        }
+        "canonicalize" => {
+            Args::parse(rest, &[], &[])?.no_positional()?;
+            let input = read_stdin()?;
+            let c = inspect::canonicalize(&input).map_err(|e| CliError::Input(e.to_string()))?;
+            let _ = out.write_all(&c);
+            let _ = out.flush();
+        }
+        "verify" => {
+            let a = Args::parse(rest, &["--certificate", "--network", "--at"], &[])?;
+            a.no_positional()?;
+            let opts = VerifyOptions {
+                certificate: a.get("--certificate").map(str::to_string),
+                network: a.get("--network").map(str::to_string),
+                at: a.number("--at")?,
+            };
+            let input = read_stdin()?;
+            let object = json::parse_object(&input).map_err(|e| CliError::Input(e.to_string()))?;
+            match inspect::check(object, &opts) {
+                Ok(what) => {
+                    let _ = writeln!(out, "valid: {what}");
+                }
+                Err(e) => {
+                    let _ = writeln!(out, "invalid: {}: {}", e.code, e.message);
+                    return Ok(1);
+                }
+            }
+        }
+        "help" | "-h" | "--help" => {
+            let _ = writeln!(out, "{USAGE}");
+        }
+        other => return Err(CliError::Usage(format!("unknown command {other:?}"))),
+    }
+    Ok(0)
+}
+
+fn read_stdin() -> Result<Vec<u8>, CliError> {
     let mut buf = Vec::new();
-    std::io::stdin().read_to_end(&mut buf).map_err(|e| {
-        eprintln!("error: reading stdin: {e}");
-        ExitCode::from(2)
-    })?;
+    std::io::stdin()
+        .read_to_end(&mut buf)
+        .map_err(|e| CliError::Input(format!("reading stdin: {e}")))?;
     Ok(buf)
 }
 
-fn canonicalize() -> ExitCode {
-    let input = match read_stdin() {
-        Ok(b) => b,
-        Err(c) => return c,
-    };
-    match json::parse(&input) {
-        Ok(v) => {
-            let mut out = std::io::stdout().lock();
-            let _ = out.write_all(&canonical::to_vec(&v));
-            let _ = out.flush();
-            ExitCode::SUCCESS
-        }
+fn main() -> ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-struct VerifyOptions {
-    certificate: Option<String>,
-    network: Option<String>,
-    at: Option<u64>,
-}
-
-fn parse_verify_options(args: &[String]) -> Result<VerifyOptions, String> {
-    let mut o = VerifyOptions {
-        certificate: None,
-        network: None,
-        at: None,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
-        match a.as_str() {
-            "--certificate" => o.certificate = Some(value()?),
-            "--network" => o.network = Some(value()?),
-            "--at" => o.at = Some(value()?.parse().map_err(|_| "--at takes milliseconds")?),
-            other => return Err(format!("unknown option {other}")),
-        }
-    }
-    Ok(o)
-}
-
-fn verify(args: &[String]) -> ExitCode {
-    let opts = match parse_verify_options(args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let input = match read_stdin() {
-        Ok(b) => b,
-        Err(c) => return c,
-    };
-    let object = match json::parse_object(&input) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match check(object, &opts) {
-        Ok(what) => {
-            println!("valid: {what}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            println!("invalid: {}: {}", e.code, e.message);
-            ExitCode::from(1)
-        }
-    }
-}
-
-fn load_certificate(opts: &VerifyOptions, network: &str) -> Result<DeviceCertificate, Error> {
-    let path = opts.certificate.as_deref().ok_or_else(|| {
-        Error::new(
-            relay_core::ErrorCode::InvalidParams,
-            "this object is signed by a device key: pass --certificate FILE",
-        )
-    })?;
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::new(relay_core::ErrorCode::InvalidParams, format!("{path}: {e}")))?;
-    let cert = DeviceCertificate::parse(json::parse_object(&bytes)?)
-        .map_err(|e| e.within("certificate"))?;
-    cert.verify(network)?;
-    Ok(cert)
-}
-
-/// Runs every stateless check of the object's type; says who signed it.
-fn check(object: Object, opts: &VerifyOptions) -> Result<String, Error> {
-    let f = Fields::new(&object);
-    let type_ = f.str("type")?.to_string();
-    let network = match &opts.network {
-        Some(n) => n.clone(),
-        None => f.str("network")?.to_string(),
-    };
-    match type_.as_str() {
-        "device_certificate" => {
-            let c = DeviceCertificate::parse(object)?;
-            c.verify(&network)?;
-            if let Some(at) = opts.at {
-                c.check_current(at, 0)?;
+            if matches!(e, CliError::Usage(_)) {
+                eprintln!("\n{USAGE}");
             }
-            Ok(format!(
-                "device_certificate for device {} signed by account {}",
-                c.device_id, c.account
-            ))
+            ExitCode::from(e.exit_code())
         }
-        "message_envelope" => {
-            let e = MessageEnvelope::parse(object)?;
-            if e.network != network {
-                return Err(Error::new(
-                    relay_core::ErrorCode::InvalidParams,
-                    "envelope is for another network",
-                ));
-            }
-            let cert = load_certificate(opts, &network)?;
-            e.verify_with(&cert)?;
-            cert.check_valid_at(e.created_at, 0)?;
-            Ok(format!(
-                "message_envelope {} signed by device {} of account {}",
-                e.message_id, e.from_device_id, e.from
-            ))
-        }
-        "route" => {
-            let r = Route::parse(object)?;
-            r.verify(&network)?;
-            Ok(format!(
-                "route revision {} to {} signed by account {}",
-                r.revision, r.relay, r.account
-            ))
-        }
-        "contact_grant" => {
-            let g = ContactGrant::parse(object)?;
-            g.verify_signature(g.grantor.key())?;
-            if let Some(r) = &g.route {
-                r.verify(&network)?;
-            }
-            Ok(format!(
-                "contact_grant {} signed by account {} for {}",
-                g.grant_id, g.grantor, g.grantee
-            ))
-        }
-        "contact_invite" => {
-            let i = ContactInvite::parse(object)?;
-            i.verify_signature(i.issuer.key())?;
-            if let Some(r) = &i.route {
-                r.verify(&network)?;
-            }
-            Ok(format!(
-                "contact_invite {} signed by account {}",
-                i.invite_id, i.issuer
-            ))
-        }
-        "session_open" => {
-            let s = SessionOpen::parse(object)?;
-            let cert = load_certificate(opts, &network)?;
-            if cert.device_id != s.device_id || cert.account != s.account {
-                return Err(Error::new(
-                    relay_core::ErrorCode::InvalidCertificate,
-                    "certificate is not for this device",
-                ));
-            }
-            s.verify_signature(&cert.device_key)?;
-            Ok(format!("session_open signed by device {}", s.device_id))
-        }
-        "device_revocation" => {
-            let r = DeviceRevocation::parse(object)?;
-            r.verify_signature(r.account.key())?;
-            Ok(format!(
-                "device_revocation of {} signed by account {}",
-                r.device_id, r.account
-            ))
-        }
-        other => Err(Error::new(
-            relay_core::ErrorCode::InvalidParams,
-            format!("unknown object type {other:?}"),
-        )),
     }
 }

@@ -1,0 +1,155 @@
+//! A device talking to its home relay: the profile, the HTTP transport and a session.
+
+use crate::error::{CallError, CliError};
+use crate::profile::{Profile, Session, Store};
+use crate::transport::Http;
+use rand::rngs::OsRng;
+use relay_core::client::{draft, random_id};
+use relay_core::wire::canonical;
+use relay_core::wire::json::{Object, Value};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A session is re-opened when it has less than this left (ms).
+const SESSION_MARGIN: u64 = 60_000;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// How persistent relayctl is when a relay does not answer.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// Attempts of one request in total (the first included).
+    pub attempts: u32,
+    /// The first backoff; it doubles per attempt up to `max_backoff`.
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// The longest `rate_limited` wait relayctl sits through before giving up.
+    pub max_rate_wait: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> RetryPolicy {
+        RetryPolicy {
+            attempts: 5,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(8),
+            max_rate_wait: Duration::from_secs(120),
+        }
+    }
+}
+
+/// One device of one account, as the profile describes it.
+pub struct Client {
+    pub store: Store,
+    /// The profile as last read or written.
+    pub profile: Profile,
+    pub http: Http,
+    pub retry: RetryPolicy,
+}
+
+impl Client {
+    /// Loads the profile from `store`.
+    pub fn open(store: Store, http: Http, retry: RetryPolicy) -> Result<Client, CliError> {
+        let profile = store.load()?;
+        Ok(Client {
+            store,
+            profile,
+            http,
+            retry,
+        })
+    }
+
+    /// Changes the profile on disk (under its lock) and refreshes the in-memory copy.
+    pub fn update<T>(&mut self, f: impl FnOnce(&mut Profile) -> T) -> Result<T, CliError> {
+        let (out, p) = self.store.update(f)?;
+        self.profile = p;
+        Ok(out)
+    }
+
+    /// A session token valid for at least a minute, opening one if needed.
+    pub fn session(&mut self) -> Result<String, CliError> {
+        if let Some(s) = &self.profile.session {
+            if s.expires_at > now_ms() + SESSION_MARGIN {
+                return Ok(s.token.clone());
+            }
+        }
+        self.open_session()
+    }
+
+    /// Opens a new session with a signed `session_open` and keeps it in the profile.
+    pub fn open_session(&mut self) -> Result<String, CliError> {
+        let device = self.profile.device_key()?;
+        let so = draft::session_open(
+            &self.profile.network,
+            &self.profile.relay,
+            &self.profile.account_id()?,
+            &device.id(),
+            now_ms(),
+            &random_id(&mut OsRng),
+        )
+        .sign(&device);
+        let r = self
+            .http
+            .call(
+                &self.profile.relay,
+                "session.open",
+                None,
+                &canonical::object_to_vec(&so),
+            )
+            .map_err(CliError::from)?;
+        let token = r
+            .get("session")
+            .and_then(Value::as_str)
+            .ok_or_else(|| CliError::Invalid("session.open answered without a session".into()))?
+            .to_string();
+        let expires_at = r
+            .get("expires_at")
+            .and_then(Value::as_protocol_int)
+            .unwrap_or(0);
+        let s = Session {
+            token: token.clone(),
+            expires_at,
+        };
+        self.update(|p| p.session = Some(s))?;
+        Ok(token)
+    }
+
+    /// One authenticated call to the home relay; on `unauthenticated` it re-opens the session once.
+    pub fn call(&mut self, method: &str, body: &[u8]) -> Result<Object, CallError> {
+        let relay = self.profile.relay.clone();
+        self.call_at(&relay, method, body)
+    }
+
+    /// Like [`Client::call`] at `relay` (which must be where the session is).
+    pub fn call_at(&mut self, relay: &str, method: &str, body: &[u8]) -> Result<Object, CallError> {
+        let token = self.session().map_err(to_call)?;
+        match self.http.call(relay, method, Some(&token), body) {
+            Err(CallError::Relay(e)) if e.code == "unauthenticated" => {
+                let token = self.open_session().map_err(to_call)?;
+                self.http.call(relay, method, Some(&token), body)
+            }
+            other => other,
+        }
+    }
+
+    /// [`Client::call`] with params built from an object.
+    pub fn call_object(&mut self, method: &str, params: &Object) -> Result<Object, CliError> {
+        Ok(self.call(method, &canonical::object_to_vec(params))?)
+    }
+}
+
+/// Folds a client error into a call error (sessions fail as calls do).
+fn to_call(e: CliError) -> CallError {
+    match e {
+        CliError::Relay(r) => CallError::Relay(r),
+        CliError::Transport(t) => CallError::Transport(t),
+        other => CallError::Transport(crate::error::TransportError::NotAttempted(
+            other.to_string(),
+        )),
+    }
+}
