@@ -14,10 +14,10 @@ use relay_tests::live::check::{verify, Sent};
 use relay_tests::live::client::{
     code_of, decrypt, status_of, str_of, u64_of, Client, Socket, User,
 };
+use relay_tests::live::each;
 use relay_tests::live::host::{Kind, Opts, Relay};
 use relay_tests::live::proxy::{now_ms, Chaos, Fault, Proxy};
 use relay_tests::{field, Msg};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -41,21 +41,42 @@ fn proxied(kind: Kind, opts: Opts) -> Proxied {
     Proxied { relay, proxy }
 }
 
-/// Runs `scenario` for each item; reports every failing one, by name, at the end.
-fn each<T: Copy + std::fmt::Debug>(items: &[T], scenario: impl Fn(T)) {
-    let mut failed = Vec::new();
-    for &item in items {
-        eprintln!("-- {item:?}");
-        if let Err(e) = catch_unwind(AssertUnwindSafe(|| scenario(item))) {
-            let why = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            failed.push(format!("{item:?}: {why}"));
-        }
+/// Two relays behind proxies, alice homed at A and bob at B, and A holding bob's route.
+struct Duo {
+    a: Proxied,
+    b: Proxied,
+    c: Client,
+    alice: User,
+    bob: User,
+}
+
+fn duo(ka: Kind, kb: Kind, oa: Opts, ob: Opts, seed: u64) -> Duo {
+    let (a, b) = (proxied(ka, oa), proxied(kb, ob));
+    let mut c = Client::new(seed);
+    let alice = c.register(&a.relay, true);
+    let bob = c.register(&b.relay, true);
+    c.publish(&a.relay, &bob);
+    Duo {
+        a,
+        b,
+        c,
+        alice,
+        bob,
     }
-    assert!(failed.is_empty(), "failed for:\n{}", failed.join("\n"));
+}
+
+/// The invariants after messages from `alice` (at A) to `bob` (at B).
+fn verify_pair(c: &Client, (alice, bob): (&User, &User), a: &Proxied, b: &Proxied, p: &[&Object]) {
+    let sent: Vec<Sent> = p.iter().map(|p| sent_from(0, 1, p)).collect();
+    verify(
+        c,
+        &[alice, bob],
+        &sent,
+        &[&a.proxy, &b.proxy],
+        &[&a.relay, &b.relay],
+        100,
+        WAIT,
+    );
 }
 
 fn message_id(p: &Object) -> String {
@@ -84,11 +105,13 @@ fn sent_from(i: usize, to: usize, p: &Object) -> Sent {
 #[test]
 fn seed_cross_account_delivery_both_ways_every_pair() {
     each(&Kind::PAIRS, |(ka, kb)| {
-        let (a, b) = (proxied(ka, Opts::default()), proxied(kb, Opts::default()));
-        let mut c = Client::new(1);
-        let alice = c.register(&a.relay, true);
-        let bob = c.register(&b.relay, true);
-        c.publish(&a.relay, &bob);
+        let Duo {
+            a,
+            b,
+            mut c,
+            alice,
+            bob,
+        } = duo(ka, kb, Opts::default(), Opts::default(), 1);
         c.publish(&b.relay, &alice);
         let mut bob_ws = Socket::connect(&bob, 0);
         for (from, to, sock) in [(&alice, &bob, Some(&mut bob_ws)), (&bob, &alice, None)] {
@@ -378,11 +401,14 @@ fn seed_receiving_validation_rules_every_pair() {
 #[test]
 fn seed_identical_and_conflicting_retries_every_pair() {
     each(&Kind::PAIRS, |(ka, kb)| {
-        let (a, b) = (proxied(ka, Opts::default()), proxied(kb, Opts::default()));
-        let mut c = Client::new(5);
-        let alice = c.register(&a.relay, true);
-        let bob = c.register(&b.relay, true);
-        c.publish(&a.relay, &bob);
+        // `_a` keeps relay A running to the end of the scenario.
+        let Duo {
+            a: _a,
+            b,
+            mut c,
+            alice,
+            bob,
+        } = duo(ka, kb, Opts::default(), Opts::default(), 5);
         let p = c.message(&alice, &bob, "once", &Msg::default());
         let id = message_id(&p);
         let (_, first) = c.send(&alice, &p);
@@ -541,12 +567,15 @@ fn seed_delivery_deadline_every_pair() {
 #[test]
 fn seed_rate_limited_waits_retry_after_every_pair() {
     each(&Kind::PAIRS, |(ka, kb)| {
-        let a = proxied(ka, Opts::default().policy("send_rate", 3));
-        let b = proxied(kb, Opts::default());
-        let mut c = Client::new(8);
-        let alice = c.register(&a.relay, true);
-        let bob = c.register(&b.relay, true);
-        c.publish(&a.relay, &bob);
+        let oa = Opts::default().policy("send_rate", 3);
+        // `_a` keeps relay A running to the end of the scenario.
+        let Duo {
+            a: _a,
+            b,
+            mut c,
+            alice,
+            bob,
+        } = duo(ka, kb, oa, Opts::default(), 8);
         b.proxy
             .script(&[Fault::RateLimited(1_200), Fault::RateLimited(700)]);
         let p = c.message(&alice, &bob, "patience", &Msg::default());
@@ -585,11 +614,13 @@ fn seed_rate_limited_waits_retry_after_every_pair() {
 #[test]
 fn seed_unknown_outcomes_retried_unchanged_to_the_same_target_every_pair() {
     each(&Kind::PAIRS, |(ka, kb)| {
-        let (a, b) = (proxied(ka, Opts::default()), proxied(kb, Opts::default()));
-        let mut c = Client::new(9);
-        let alice = c.register(&a.relay, true);
-        let bob = c.register(&b.relay, true);
-        c.publish(&a.relay, &bob);
+        let Duo {
+            a,
+            b,
+            mut c,
+            alice,
+            bob,
+        } = duo(ka, kb, Opts::default(), Opts::default(), 9);
         b.proxy.script(&[
             Fault::DropResponse,
             Fault::Delay(2_500),
@@ -611,15 +642,7 @@ fn seed_unknown_outcomes_retried_unchanged_to_the_same_target_every_pair() {
             1,
             "accepted once"
         );
-        verify(
-            &c,
-            &[&alice, &bob],
-            &[sent_from(0, 1, &p)],
-            &[&a.proxy, &b.proxy],
-            &[&a.relay, &b.relay],
-            100,
-            WAIT,
-        );
+        verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
     });
 }
 
@@ -674,11 +697,14 @@ fn seed_route_error_switches_to_a_higher_revision_only_every_pair() {
 #[test]
 fn seed_delivery_finishes_after_restart_every_pair() {
     each(&Kind::PAIRS, |(ka, kb)| {
-        let (mut a, mut b) = (proxied(ka, Opts::default()), proxied(kb, Opts::default()));
-        let mut c = Client::new(11);
-        let alice = c.register(&a.relay, true);
-        let bob = c.register(&b.relay, true);
-        c.publish(&a.relay, &bob);
+        let d = duo(ka, kb, Opts::default(), Opts::default(), 11);
+        let Duo {
+            mut a,
+            mut b,
+            mut c,
+            alice,
+            bob,
+        } = d;
         b.relay.kill();
         let p = c.message(&alice, &bob, "after the storm", &Msg::default());
         let (s, v) = c.send(&alice, &p);
@@ -691,15 +717,7 @@ fn seed_delivery_finishes_after_restart_every_pair() {
         assert_eq!(status_of(&st), "target_accepted", "{st:?}");
         assert_eq!(u64_of(&st, "accepted_at"), u64_of(&v, "accepted_at"));
         assert_eq!(received(&c, &bob, &message_id(&p)).len(), 1);
-        verify(
-            &c,
-            &[&alice, &bob],
-            &[sent_from(0, 1, &p)],
-            &[&a.proxy, &b.proxy],
-            &[&a.relay, &b.relay],
-            100,
-            WAIT,
-        );
+        verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
     });
 }
 

@@ -1,9 +1,11 @@
 //! A fault-injecting HTTP proxy that stands in front of a relay: the relay's public id is
-//! the proxy's address, so every peer's relay RPC passes through it. Faults apply to relay
-//! RPC (`/relay/v1/...`) only; `/.well-known/relay` always passes. Every request is
-//! logged (time, path, message id, body, fault, upstream status) so the suite can check
-//! the source's discipline: unchanged retries, waits after `rate_limited`, nothing after
-//! the deadline.
+//! the proxy's address, so every peer's relay RPC passes through it (and every client
+//! call, for a client given that address). Faults apply only to requests whose path
+//! starts with the fault prefix: relay RPC (`/relay/v1/`) unless [`Proxy::faults_on`]
+//! names another (`/v1/message.send` for a client's sends); every other request, such as
+//! `/.well-known/relay`, always passes. Every request is logged (time, path, message id,
+//! body, fault, upstream status, answer) so the suite can check the sender's discipline:
+//! unchanged retries, waits after `rate_limited`, nothing after the deadline.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -14,16 +16,16 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// What the proxy does to one relay RPC request.
+/// What the proxy does to one request on the fault prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// Forwards it and returns the answer.
     Pass,
-    /// Never forwards it; closes the connection (the source cannot know it was not seen).
+    /// Never forwards it; closes the connection (the sender cannot know it was not seen).
     DropRequest,
     /// Forwards it, lets the destination act, and closes before answering.
     DropResponse,
-    /// Holds it this many ms (past the source's timeout), then forwards it.
+    /// Holds it this many ms (past the sender's timeout), then forwards it.
     Delay(u64),
     /// Answers 429 `rate_limited` with `data.retry_after` (and `Retry-After`) of this many ms.
     RateLimited(u64),
@@ -54,7 +56,7 @@ pub struct Hit {
     /// When the proxy answered, or closed without answering.
     pub done_at: u64,
     pub path: String,
-    /// `envelope.message_id` of a message.deliver body.
+    /// `envelope.message_id` of a message.deliver or message.send body.
     pub message_id: Option<String>,
     pub body: Vec<u8>,
     pub fault: Fault,
@@ -64,12 +66,25 @@ pub struct Hit {
     pub answer: Vec<u8>,
 }
 
-#[derive(Default)]
 struct State {
     upstream: u16,
+    /// Faults apply to paths starting with this; the rest pass.
+    faults_on: String,
     script: VecDeque<Fault>,
     chaos: Option<(Chaos, ChaCha20Rng)>,
     log: Vec<Hit>,
+}
+
+impl Default for State {
+    fn default() -> State {
+        State {
+            upstream: 0,
+            faults_on: "/relay/v1/".to_string(),
+            script: VecDeque::new(),
+            chaos: None,
+            log: Vec::new(),
+        }
+    }
 }
 
 /// A running proxy; its threads end with the test process.
@@ -88,7 +103,8 @@ pub fn now_ms() -> u64 {
 }
 
 impl Proxy {
-    /// Listens on a loopback port; set the upstream before traffic arrives.
+    /// Listens on a loopback port, with faults on relay RPC (`/relay/v1/`); set the
+    /// upstream before traffic arrives.
     pub fn start() -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listens");
         let port = listener.local_addr().expect("proxy address").port();
@@ -116,7 +132,13 @@ impl Proxy {
         self.lock().upstream = port;
     }
 
-    /// Faults for the next relay RPC requests, in order (then they pass).
+    /// Faults apply from now on to requests whose path starts with `prefix` (instead of
+    /// `/relay/v1/`); every other request passes.
+    pub fn faults_on(&self, prefix: &str) {
+        self.lock().faults_on = prefix.to_string();
+    }
+
+    /// Faults for the next requests on the fault prefix, in order (then they pass).
     pub fn script(&self, faults: &[Fault]) {
         self.lock().script.extend(faults.iter().copied());
     }
@@ -138,7 +160,28 @@ impl Proxy {
         self.lock().log.clone()
     }
 
-    /// The message.deliver requests seen for one message, in arrival order.
+    /// The requests on exactly `path` seen so far, in arrival order.
+    pub fn hits_on(&self, path: &str) -> Vec<Hit> {
+        let mut hits: Vec<Hit> = self.log().into_iter().filter(|h| h.path == path).collect();
+        hits.sort_by_key(|h| h.at);
+        hits
+    }
+
+    /// Waits (up to 10 s) until `n` requests on `path` are done, then returns them (a
+    /// request is logged just after its answer is written, so a client may have it first).
+    pub fn wait_hits_on(&self, path: &str, n: usize) -> Vec<Hit> {
+        let started = std::time::Instant::now();
+        loop {
+            let hits = self.hits_on(path);
+            if hits.len() >= n || started.elapsed() > Duration::from_secs(10) {
+                return hits;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The requests (message.deliver, or message.send through a client) seen for one
+    /// message, in arrival order.
     pub fn delivers(&self, message_id: &str) -> Vec<Hit> {
         let mut hits: Vec<Hit> = self
             .log()
@@ -168,7 +211,7 @@ impl Proxy {
     fn pick(&self, path: &str) -> (Fault, u16) {
         let mut s = self.lock();
         let upstream = s.upstream;
-        if !path.starts_with("/relay/v1/") {
+        if !path.starts_with(s.faults_on.as_str()) {
             return (Fault::Pass, upstream);
         }
         if let Some(f) = s.script.pop_front() {
