@@ -34,12 +34,16 @@ async fn sessions(fx: &Fixture, url: &str) -> anyhow::Result<Vec<String>> {
     Ok(tokens)
 }
 
+/// One concurrency level: its sample, and the requests that failed (with the first failure).
+pub struct Level {
+    pub concurrency: usize,
+    pub sample: Sample,
+    pub failed: usize,
+    pub first_failure: Option<String>,
+}
+
 /// Sends `fx.sends` to `url`, split evenly over `concurrencies` (one slice per level, never resent).
-pub async fn run(
-    fx: &Fixture,
-    url: &str,
-    concurrencies: &[usize],
-) -> anyhow::Result<Vec<(usize, Sample)>> {
+pub async fn run(fx: &Fixture, url: &str, concurrencies: &[usize]) -> anyhow::Result<Vec<Level>> {
     let tokens = Arc::new(sessions(fx, url).await?);
     let per = fx.sends.len() / concurrencies.len().max(1);
     let http = Arc::new(admin_client());
@@ -56,30 +60,46 @@ pub async fn run(
             let target = format!("{url}/v1/message.send");
             workers.push(tokio::spawn(async move {
                 let mut lat: Vec<Duration> = Vec::new();
+                let mut failures: Vec<String> = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= msgs.len() {
-                        return Ok::<_, anyhow::Error>(lat);
+                        return (lat, failures);
                     }
                     let (s, body) = &msgs[i];
                     let t = Instant::now();
-                    let (status, b) = http
+                    // A failed request is counted, never retried: only accepted sends make the rate.
+                    match http
                         .post(&target, &[("authorization", &tokens[*s])], body.clone())
-                        .await?;
-                    lat.push(t.elapsed());
-                    anyhow::ensure!(
-                        status == 200 && fixture::status(&b).as_deref() == Some("target_accepted"),
-                        "message.send: {status} {}",
-                        String::from_utf8_lossy(&b)
-                    );
+                        .await
+                    {
+                        Ok((200, b))
+                            if fixture::status(&b).as_deref() == Some("target_accepted") =>
+                        {
+                            lat.push(t.elapsed())
+                        }
+                        Ok((status, b)) => failures.push(format!(
+                            "message.send: {status} {}",
+                            String::from_utf8_lossy(&b)
+                        )),
+                        Err(e) => failures.push(format!("{e}")),
+                    }
                 }
             }));
         }
         let mut lat = Vec::new();
+        let mut failures = Vec::new();
         for w in workers {
-            lat.extend(w.await??);
+            let (l, f) = w.await?;
+            lat.extend(l);
+            failures.extend(f);
         }
-        out.push((c, Sample::new("message.send", lat, started.elapsed())));
+        out.push(Level {
+            concurrency: c,
+            sample: Sample::new("message.send", lat, started.elapsed()),
+            failed: failures.len(),
+            first_failure: failures.into_iter().next(),
+        });
     }
     Ok(out)
 }

@@ -141,8 +141,12 @@ async fn http(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> 
         let result = loadgen::run(&fx, &host.url, &sz.concurrencies).await;
         let rss_after = host.rss_kib();
         host.stop();
-        for (c, s) in result? {
-            rep.add(name, "sqlite", Some(c), s);
+        for l in result? {
+            rep.add(name, "sqlite", Some(l.concurrency), l.sample);
+            if let Some(f) = l.first_failure {
+                let row = rep.rows.last_mut().expect("row");
+                row.note = format!("{} failed, first: {f}", l.failed);
+            }
         }
         rep.extra.push((
             format!("{name} rss KiB before/after {n} sends"),

@@ -112,6 +112,12 @@ impl Report {
                 r.ratio().map_or("-".to_string(), |x| format!("{x:.2}"))
             ));
         }
+        for r in self.rows.iter().filter(|r| !r.note.is_empty()) {
+            out.push_str(&format!(
+                "note: {} c={:?}: {}\n",
+                r.setup, r.concurrency, r.note
+            ));
+        }
         for (k, v) in &self.extra {
             out.push_str(&format!("{k}: {v}\n"));
         }
