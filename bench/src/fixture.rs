@@ -49,6 +49,9 @@ pub struct Local {
 
 /// All requests of one run against one relay id.
 pub struct Fixture {
+    senders: Vec<Account>,
+    to: Account,
+    rng: ChaCha20Rng,
     pub relay: String,
     /// Senders first, the recipient last.
     pub accounts: Vec<Local>,
@@ -59,6 +62,33 @@ pub struct Fixture {
 }
 
 impl Fixture {
+    /// `n` more message.send params from the same senders; to the recipient, or to an
+    /// account whose home is `remote` (with its route) when given.
+    pub fn more_sends(&mut self, n: usize, remote: Option<&str>) -> Vec<(usize, Vec<u8>)> {
+        let now = now_ms();
+        let far = remote.map(|relay| {
+            let key = AccountKey::generate(&mut self.rng);
+            let device = DeviceKey::generate(&mut self.rng);
+            let route = draft::route(NET, &key.id(), relay, 1, now).sign(&key);
+            let cert = draft::certificate(NET, &key, &device, &["send"], now).sign(&key);
+            (Account { key, device, cert }, route)
+        });
+        (0..n)
+            .map(|i| {
+                let s = i % self.senders.len();
+                let to = far.as_ref().map_or(&self.to, |(a, _)| a);
+                let (env, boxes) = message(&mut self.rng, &self.senders[s], to, now);
+                let mut p = Object::new();
+                p.insert("envelope", env);
+                p.insert("recipient_boxes", boxes);
+                if let Some((_, route)) = &far {
+                    p.insert("recipient_route", route.clone());
+                }
+                (s, canonical::object_to_vec(&p))
+            })
+            .collect()
+    }
+
     /// The recipient's index in `accounts`.
     pub fn recipient(&self) -> usize {
         self.accounts.len() - 1
@@ -183,6 +213,9 @@ pub fn build(relay: &str, sends: usize, delivers: usize, seed: u64) -> Fixture {
         })
         .collect();
     Fixture {
+        senders,
+        to,
+        rng,
         relay: relay.to_string(),
         accounts,
         sends,

@@ -45,26 +45,52 @@ impl Entropy for Seeded {
     }
 }
 
-/// The native engine.
-pub struct Native<S: Storage>(Engine<S, Seeded>);
+/// Seeded entropy from `seed`.
+pub fn seeded(seed: u64) -> Seeded {
+    Seeded(rand_chacha::ChaCha20Rng::seed_from_u64(seed))
+}
 
-impl<S: Storage> Native<S> {
+/// The native engine (owned, or borrowed with `&mut`).
+pub struct Native<E>(E);
+
+impl<S: Storage> Native<Engine<S, Seeded>> {
     /// A native engine over `store`.
-    pub fn new(store: S) -> Native<S> {
-        let entropy = Seeded(rand_chacha::ChaCha20Rng::seed_from_u64(8));
-        Native(Engine::new(config(), store, entropy))
+    pub fn new(store: S) -> Native<Engine<S, Seeded>> {
+        Native(Engine::new(config(), store, seeded(8)))
     }
 }
 
-impl<S: Storage> Target for Native<S> {
+impl<'a, S: Storage> Native<&'a mut Engine<S, Seeded>> {
+    /// Calls through an engine the caller keeps.
+    pub fn from_engine(e: &'a mut Engine<S, Seeded>) -> Self {
+        Native(e)
+    }
+}
+
+fn native_call<S: Storage>(
+    e: &mut Engine<S, Seeded>,
+    caller: As<'_>,
+    method: &str,
+    params: &[u8],
+) -> (u16, Vec<u8>) {
+    let c = match caller {
+        As::Anonymous => Caller::Anonymous,
+        As::Session(t) => Caller::Session(t.to_string()),
+        As::Relay(r) => Caller::Relay(RelayId::parse(r).expect("relay id")),
+    };
+    let r = e.call(&c, method, params, now_ms());
+    (r.http_status(), r.body())
+}
+
+impl<S: Storage> Target for Native<Engine<S, Seeded>> {
     fn call(&mut self, caller: As<'_>, method: &str, params: &[u8]) -> (u16, Vec<u8>) {
-        let c = match caller {
-            As::Anonymous => Caller::Anonymous,
-            As::Session(t) => Caller::Session(t.to_string()),
-            As::Relay(r) => Caller::Relay(RelayId::parse(r).expect("relay id")),
-        };
-        let r = self.0.call(&c, method, params, now_ms());
-        (r.http_status(), r.body())
+        native_call(&mut self.0, caller, method, params)
+    }
+}
+
+impl<S: Storage> Target for Native<&mut Engine<S, Seeded>> {
+    fn call(&mut self, caller: As<'_>, method: &str, params: &[u8]) -> (u16, Vec<u8>) {
+        native_call(self.0, caller, method, params)
     }
 }
 
@@ -175,4 +201,23 @@ pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec
         Sample::new("message.deliver", deliver, deliver_wall),
         Sample::new("message.timeline.sync (50)", sync, sync_wall),
     ])
+}
+
+impl Wasm {
+    /// The component's host side (for commit groups).
+    pub fn core(&mut self) -> &mut Core {
+        &mut self.0
+    }
+}
+
+/// The process's resident set size, in KiB.
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }

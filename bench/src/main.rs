@@ -13,6 +13,7 @@ mod inproc;
 mod loadgen;
 mod node;
 mod report;
+mod scale;
 
 use relay_host_wasmtime::store::AnyStore;
 use report::Report;
@@ -25,6 +26,7 @@ struct Sizes {
     syncs: usize,
     http_per_level: usize,
     concurrencies: Vec<usize>,
+    scale: scale::Scale,
 }
 
 impl Sizes {
@@ -36,6 +38,10 @@ impl Sizes {
                 syncs: 100,
                 http_per_level: 400,
                 concurrencies: vec![4, 32],
+                scale: scale::Scale {
+                    small: 1_000,
+                    large: 5_000,
+                },
             }
         } else {
             Sizes {
@@ -44,6 +50,10 @@ impl Sizes {
                 syncs: 500,
                 http_per_level: 5000,
                 concurrencies: vec![1, 8, 32, 128],
+                scale: scale::Scale {
+                    small: 1_000,
+                    large: 100_000,
+                },
             }
         }
     }
@@ -180,6 +190,20 @@ async fn main() -> anyhow::Result<()> {
     }
     if !skip.iter().any(|s| s == "http") {
         http(&mut rep, &sz, &scratch, &skip).await?;
+    }
+    if !skip.iter().any(|s| s == "scale") {
+        let mut sc = sz.scale;
+        // `--scale-large N` (e.g. 1000000) for the large side of the scale checks.
+        if let Some(n) = args
+            .iter()
+            .position(|a| a == "--scale-large")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|n| n.parse().ok())
+        {
+            sc.large = n;
+        }
+        let component = target_dir().join("component/relay_core.wasm");
+        scale::run(&mut rep, &sc, &component, &scratch)?;
     }
     rep.link_baselines();
     let mut head = serde_json::Map::new();

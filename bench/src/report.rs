@@ -95,12 +95,12 @@ impl Report {
     pub fn table(&self) -> String {
         let mut out = String::new();
         out.push_str(&format!(
-            "{:<30} {:<8} {:<28} {:>5} {:>8} {:>10} {:>9} {:>9} {:>7}\n",
+            "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10} {:>9} {:>9} {:>7}\n",
             "setup", "storage", "operation", "conc", "n", "op/s", "p50 ms", "p99 ms", "x nat"
         ));
         for r in &self.rows {
             out.push_str(&format!(
-                "{:<30} {:<8} {:<28} {:>5} {:>8} {:>10.0} {:>9.3} {:>9.3} {:>7}\n",
+                "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10.0} {:>9.3} {:>9.3} {:>7}\n",
                 r.setup,
                 r.storage,
                 r.sample.op,
