@@ -20,6 +20,7 @@ mod guest {
     use relay_core::engine::{Storage, StorageError};
     use relay_core::wire::identity::RelayId;
     use relay_core::wire::relay_request::{self, RelayHeaders};
+    use relay_core::wire::signature::{self, SignatureError};
     use std::cell::RefCell;
 
     /// The host's storage, through the `host` import.
@@ -46,6 +47,20 @@ mod guest {
                 .map(|(key, value)| host::Write { key, value })
                 .collect();
             host::storage_commit(&writes).map_err(StorageError)
+        }
+    }
+
+    /// The host's native verification, through the `host` import; `None` (declined) falls back to the core's own.
+    fn host_verify(
+        key: &[u8; 32],
+        msg: &[u8],
+        sig: &[u8; 64],
+    ) -> Option<Result<(), SignatureError>> {
+        match host::verify_ed25519(key, msg, sig) {
+            host::Verdict::Valid => Some(Ok(())),
+            host::Verdict::InvalidKey => Some(Err(SignatureError::InvalidKey)),
+            host::Verdict::Mismatch => Some(Err(SignatureError::Mismatch)),
+            host::Verdict::Declined => None,
         }
     }
 
@@ -173,6 +188,7 @@ mod guest {
                 .try_into()
                 .map_err(|_| "relay seed must be 32 bytes".to_string())?;
             let engine = Engine::new(config, HostStorage, HostEntropy);
+            signature::set_verifier(Some(host_verify));
             STATE.with(|s| *s.borrow_mut() = Some(State { engine, seed }));
             host::log(host::Level::Info, "relay core component initialized");
             Ok(())

@@ -63,6 +63,8 @@ export class Relay extends EventEmitter {
   readonly coreCalls: number;
   /** Calls a method of protocol.md §4 in-process. */
   call(caller: Caller, method: string, params: string | object): Reply;
+  /** Calls a method in a commit group: concurrent calls share one durable transaction; resolves after it commits. */
+  callGrouped(caller: Caller, method: string, params: string | object): Promise<Reply>;
   /** The holder of a session token. */
   session(token: string): { ok: true; info: { account: string; device_id: string; expires_at: number } } | { ok: false; reply: Reply };
   /** This relay's /.well-known/relay document. */

@@ -72,6 +72,19 @@ export class Relay extends EventEmitter {
     return { status: r.status, body: r.body };
   }
 
+  /**
+   * Calls a method in a commit group (the transports use this): concurrent calls share one
+   * durable transaction; the answer and effects come after it commits.
+   * @returns {Promise<{status: number, body: object}>}
+   */
+  async callGrouped(caller, method, params) {
+    this.coreCalls += 1;
+    const text = typeof params === 'string' ? params : JSON.stringify(params);
+    const r = await this.core.callGrouped(caller.kind, caller.value ?? '', method, text, Date.now());
+    this.#run(r.effects);
+    return { status: r.status, body: r.body };
+  }
+
   /** The holder of a session token, or the error reply. */
   session(token) {
     return this.core.session(token, Date.now());
@@ -229,6 +242,7 @@ export class Relay extends EventEmitter {
     this.closed = true;
     clearTimeout(this.timer);
     await Promise.allSettled([...this.inflight]);
+    this.core.flushGroup();
     this.storage?.close?.();
   }
 }

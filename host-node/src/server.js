@@ -85,7 +85,7 @@ export async function serve(relay, listen = {}) {
       if (space === 'v1') {
         if (method.startsWith('admin.')) return send(res, 404, errorBody('not_found', 'unknown method'));
         const token = bearer(req);
-        const r = relay.call(token ? { kind: 'session', value: token } : { kind: 'anonymous' }, method, text);
+        const r = await relay.callGrouped(token ? { kind: 'session', value: token } : { kind: 'anonymous' }, method, text);
         return send(res, r.status, r.body);
       }
       if (space === 'admin/v1') {
@@ -96,7 +96,7 @@ export async function serve(relay, listen = {}) {
       if (!RELAY_METHODS.has(method)) return send(res, 404, errorBody('not_found', 'not a relay method'));
       const auth = await relay.authenticateRelay(req.headers, method, text);
       if (!auth.ok) return send(res, auth.reply.status, auth.reply.body);
-      const r = relay.call({ kind: 'relay', value: auth.source }, method, text);
+      const r = await relay.callGrouped({ kind: 'relay', value: auth.source }, method, text);
       return send(res, r.status, r.body);
     } catch (e) {
       console.error('request failed:', e);

@@ -65,7 +65,14 @@ export class MemoryStorage {
   }
 }
 
-/** SQLite storage: WAL, synchronous=FULL, one transaction per commit (durable before it returns). */
+/**
+ * SQLite storage: WAL, synchronous=FULL, one transaction per commit (durable before it returns).
+ *
+ * Group commit: between `begin()` and `flush()` commits land in an overlay that reads see
+ * (later operations see earlier ones' writes) and nothing reaches the disk; `flush()` writes
+ * the overlay in one transaction, one fsync for the group. If it throws, the overlay is
+ * dropped: the whole group is undone, and its callers must answer that nothing was accepted.
+ */
 export class SqliteStorage {
   /** @param {string} file */
   constructor(file) {
@@ -86,13 +93,44 @@ export class SqliteStorage {
     });
   }
   get(key) {
+    if (this.overlay) {
+      const hit = this.overlay.get(Buffer.from(key).toString('latin1'));
+      if (hit !== undefined) return hit.value;
+    }
     return this.getStmt.get(Buffer.from(key)) ?? null;
   }
   scan(start, end, limit) {
-    return this.scanStmt.all(Buffer.from(start), Buffer.from(end), limit);
+    if (!this.overlay || this.overlay.size === 0) return this.scanStmt.all(Buffer.from(start), Buffer.from(end), limit);
+    const s = Buffer.from(start);
+    const e = Buffer.from(end);
+    const mine = [...this.overlay.values()].filter((w) => compare(w.key, s) >= 0 && compare(w.key, e) < 0);
+    if (mine.length === 0) return this.scanStmt.all(s, e, limit);
+    // Each deleted key in range may hide one stored row: fetch that many more.
+    const deletes = mine.filter((w) => w.value === null).length;
+    const merged = new Map(this.scanStmt.all(s, e, limit + deletes).map(([k, v]) => [Buffer.from(k).toString('latin1'), [k, v]]));
+    for (const w of mine) {
+      const id = w.key.toString('latin1');
+      if (w.value === null) merged.delete(id);
+      else merged.set(id, [w.key, w.value]);
+    }
+    return [...merged.values()].sort((a, b) => compare(a[0], b[0])).slice(0, limit);
   }
   commit(writes) {
-    this.tx(writes);
+    if (!this.overlay) return this.tx(writes);
+    for (const [k, v] of writes) {
+      const key = Buffer.from(k);
+      this.overlay.set(key.toString('latin1'), { key, value: v === null ? null : Buffer.from(v) });
+    }
+  }
+  /** Opens a group: commits wait for `flush()`. */
+  begin() {
+    this.overlay ??= new Map();
+  }
+  /** Commits the group in one transaction and closes it; throws (and drops the group) on failure. */
+  flush() {
+    const o = this.overlay;
+    this.overlay = null;
+    if (o && o.size > 0) this.tx([...o.values()].map((w) => [w.key, w.value]));
   }
   close() {
     this.db.close();

@@ -1,7 +1,8 @@
 //! The core component inside wasmtime: instantiation, limits, and recovery from traps.
 
+use crate::group::Grouped;
 use crate::store::AnyStore;
-use relay_core::engine::Storage;
+use relay_core::engine::{Storage, StorageError};
 use std::path::Path;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
@@ -18,8 +19,10 @@ const MEMORY_LIMIT: usize = 512 << 20;
 
 /// What the guest's imports reach.
 pub struct HostState {
-    store: AnyStore,
+    store: Grouped<AnyStore>,
     limits: StoreLimits,
+    /// Decline every verification, so the core uses its own (`RELAY_OWN_VERIFY=1`, for measuring).
+    own_verify: bool,
 }
 
 impl host::Host for HostState {
@@ -54,6 +57,17 @@ impl host::Host for HostState {
             host::Level::Error => tracing::error!(target: "relay::core", "{message}"),
         }
     }
+    fn verify_ed25519(
+        &mut self,
+        key: Vec<u8>,
+        message: Vec<u8>,
+        signature: Vec<u8>,
+    ) -> host::Verdict {
+        if self.own_verify {
+            return host::Verdict::Declined;
+        }
+        native_verdict(&key, &message, &signature)
+    }
     fn entropy(&mut self, len: u32) -> Vec<u8> {
         let mut buf = vec![0u8; len.min(4096) as usize];
         // The OS CSPRNG failing is not recoverable; an all-zero token would be worse than a trap.
@@ -63,6 +77,22 @@ impl host::Host for HostState {
 }
 
 impl relay::core::types::Host for HostState {}
+
+/// The host's verdict on a signature: the core's own strict verification, compiled natively.
+pub fn native_verdict(key: &[u8], message: &[u8], signature: &[u8]) -> host::Verdict {
+    use relay_core::wire::signature::{verify_own, SignatureError};
+    let (Ok(key), Ok(sig)) = (<&[u8; 32]>::try_from(key), <&[u8; 64]>::try_from(signature)) else {
+        // Not the shapes the core sends: let the core decide with its own code.
+        return host::Verdict::Declined;
+    };
+    match verify_own(key, message, sig) {
+        Ok(()) => host::Verdict::Valid,
+        Err(SignatureError::InvalidKey) => host::Verdict::InvalidKey,
+        Err(SignatureError::Mismatch) => host::Verdict::Mismatch,
+    }
+}
+
+pub use host::Verdict;
 
 /// A loaded, initialized core instance.
 pub struct Core {
@@ -90,7 +120,7 @@ fn instantiate(
     engine: &Engine,
     component: &Component,
     linker: &Linker<HostState>,
-    store: AnyStore,
+    store: Grouped<AnyStore>,
     config_json: &str,
     seed: &[u8; 32],
 ) -> wasmtime::Result<(Store<HostState>, Relay)> {
@@ -99,7 +129,15 @@ fn instantiate(
         .instances(16)
         .trap_on_grow_failure(true)
         .build();
-    let mut s = Store::new(engine, HostState { store, limits });
+    let own_verify = std::env::var_os("RELAY_OWN_VERIFY").is_some_and(|v| v == "1");
+    let mut s = Store::new(
+        engine,
+        HostState {
+            store,
+            limits,
+            own_verify,
+        },
+    );
     s.limiter(|h| &mut h.limits);
     s.set_fuel(FUEL_PER_CALL)?;
     s.set_epoch_deadline(u64::MAX / 2);
@@ -131,6 +169,7 @@ impl Core {
         }
         let mut linker = Linker::new(engine);
         Relay::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        let store = Grouped::new(store);
         let (store, instance) =
             instantiate(engine, &component, &linker, store, &config_json, &seed)?;
         Ok(Core {
@@ -167,7 +206,7 @@ impl Core {
 
     fn recover(&mut self) {
         // The trapped instance's uncommitted writes died with it; storage is intact.
-        let placeholder = AnyStore::Memory(relay_core::engine::MemoryStore::new());
+        let placeholder = Grouped::new(AnyStore::Memory(relay_core::engine::MemoryStore::new()));
         let old = std::mem::replace(&mut self.store.data_mut().store, placeholder);
         match instantiate(
             &self.engine,
@@ -183,6 +222,16 @@ impl Core {
             }
             Err(e) => tracing::error!("could not restart the core: {e:#}"),
         }
+    }
+
+    /// Opens a commit group: the following calls' commits wait for [`Core::flush_group`].
+    pub fn begin_group(&mut self) {
+        self.store.data_mut().store.begin();
+    }
+
+    /// Makes the group's writes durable in one transaction; on error all of them are undone.
+    pub fn flush_group(&mut self) -> Result<(), StorageError> {
+        self.store.data_mut().store.flush()
     }
 
     /// Calls a protocol method.

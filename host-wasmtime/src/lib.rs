@@ -5,6 +5,7 @@
 //! the engine expects. The async side (axum, tokio) moves bytes, keeps time,
 //! runs timers and executes effects. No protocol logic lives here.
 
+pub mod group;
 pub mod guest;
 mod hub;
 mod outbound;
@@ -34,7 +35,44 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-type Job = Box<dyn FnOnce(&mut Core) + Send>;
+/// Releases a job's answer once its group's commit is known: `true` if it is durable.
+type Release = Box<dyn FnOnce(bool) + Send>;
+type Job = Box<dyn FnOnce(&mut Core) -> Release + Send>;
+
+/// The most operations one group commit holds (bounds the latency of the group's first).
+const MAX_GROUP: usize = 256;
+
+/// What a call answers when its group's commit failed: nothing it did was accepted.
+pub trait Uncommitted {
+    /// The answer of a call whose writes were undone.
+    fn uncommitted() -> Self;
+}
+
+impl Uncommitted for Reply {
+    fn uncommitted() -> Reply {
+        guest::internal_reply()
+    }
+}
+impl<T> Uncommitted for Vec<T> {
+    fn uncommitted() -> Vec<T> {
+        Vec::new()
+    }
+}
+impl<T> Uncommitted for Option<T> {
+    fn uncommitted() -> Option<T> {
+        None
+    }
+}
+impl<T> Uncommitted for Result<T, Reply> {
+    fn uncommitted() -> Result<T, Reply> {
+        Err(guest::internal_reply())
+    }
+}
+impl<A: Uncommitted, B: Uncommitted> Uncommitted for (A, B) {
+    fn uncommitted() -> (A, B) {
+        (A::uncommitted(), B::uncommitted())
+    }
+}
 
 /// A handle to the thread that owns the core.
 #[derive(Clone)]
@@ -43,14 +81,17 @@ pub struct CoreHandle {
 }
 
 impl CoreHandle {
-    /// Runs `f` on the core thread and waits for its answer.
-    pub async fn run<R: Send + 'static>(
+    /// Runs `f` on the core thread and waits for its answer, which leaves only after its commit is durable.
+    pub async fn run<R: Uncommitted + Send + 'static>(
         &self,
         f: impl FnOnce(&mut Core) -> R + Send + 'static,
     ) -> R {
         let (otx, orx) = oneshot::channel();
         let job: Job = Box::new(move |core| {
-            let _ = otx.send(f(core));
+            let r = f(core);
+            Box::new(move |durable| {
+                let _ = otx.send(if durable { r } else { R::uncommitted() });
+            })
         });
         if self.tx.send(job).is_err() {
             panic!("the core thread has stopped");
@@ -227,9 +268,14 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
                     return;
                 }
             };
-            // Jobs run until every handle is gone; the last job's commit finishes first.
-            for job in rx {
-                job(&mut core);
+            // `RELAY_GROUP_COMMIT=0` commits each call alone (to measure what grouping pays).
+            let max_group = match std::env::var("RELAY_GROUP_COMMIT") {
+                Ok(v) if v == "0" => 1,
+                _ => MAX_GROUP,
+            };
+            // Jobs run until every handle is gone; the last group's commit finishes first.
+            while let Ok(first) = rx.recv() {
+                run_group(&mut core, first, &rx, max_group);
             }
         })?;
     ready_rx.recv().context("the core thread died")??;
@@ -272,6 +318,32 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         shutdown: Some(stop_tx),
         done: Some(done),
     })
+}
+
+/// Runs `first` and every job already queued behind it (up to `max` in all) as one commit group.
+///
+/// Jobs that queued while the previous group was committing share this
+/// group's fsync; a lone job costs what it did before. Answers are released
+/// only after the group's transaction is durable.
+fn run_group(core: &mut Core, first: Job, rx: &std::sync::mpsc::Receiver<Job>, max: usize) {
+    core.begin_group();
+    let mut releases = vec![first(core)];
+    while releases.len() < max {
+        match rx.try_recv() {
+            Ok(job) => releases.push(job(core)),
+            Err(_) => break,
+        }
+    }
+    let durable = match core.flush_group() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!("group commit of {} calls failed: {e}", releases.len());
+            false
+        }
+    };
+    for r in releases {
+        r(durable);
+    }
 }
 
 /// Sleeps until the core's next wake-up, ticks it, and repeats.

@@ -122,33 +122,47 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .get(&k::account(&s.account))?
             .ok_or_else(|| Error::new(ErrorCode::NotFound, "account not registered here"))?;
         let prefix = k::timeline(&s.account);
-        let start = k::record(&s.account, after.saturating_add(1));
-        let rows = self
-            .txn
-            .scan(&start, &k::prefix_end(&prefix), (limit * 10) as usize)?;
+        let end = k::prefix_end(&prefix);
         let mut entries = Vec::new();
         let mut next = after;
-        for (_, v) in rows {
-            let r: RecordRec = serde_json::from_slice(&v)
-                .map_err(|e| Error::new(ErrorCode::Internal, format!("corrupt record: {e}")))?;
-            next = r.seq;
-            let readable = self.now < r.expires_at
-                && r.body_expires_at.is_none_or(|t| self.now < t)
-                && r.visible.contains(&s.device_id);
-            if readable {
-                if let Some(b) = r.boxes.iter().find(|b| b.device_id == s.device_id) {
-                    let mut e = Object::new();
-                    e.insert("seq", r.seq);
-                    e.insert("kind", r.kind.as_str());
-                    e.insert("accepted_at", r.accepted_at);
-                    e.insert("expires_at", r.expires_at);
-                    e.insert("envelope", json::parse(r.envelope.as_bytes())?);
-                    e.insert("device_certificate", json::parse(r.certificate.as_bytes())?);
-                    e.insert("key_box", json::parse(b.key_box.as_bytes())?);
-                    entries.push(Value::Object(e));
+        // Rows are read a page of `limit` at a time (most are readable, so one page is the
+        // usual cost), and at most `limit * 10` per call, so skipping unreadable records
+        // stays bounded too.
+        let mut budget = limit * 10;
+        'pages: while budget > 0 && (entries.len() as u64) < limit {
+            let want = limit.min(budget);
+            let rows = self.txn.scan(
+                &k::record(&s.account, next.saturating_add(1)),
+                &end,
+                want as usize,
+            )?;
+            budget -= want;
+            let full = rows.len() as u64 == want;
+            for (_, v) in rows {
+                let r: RecordRec = serde_json::from_slice(&v)
+                    .map_err(|e| Error::new(ErrorCode::Internal, format!("corrupt record: {e}")))?;
+                next = r.seq;
+                let readable = self.now < r.expires_at
+                    && r.body_expires_at.is_none_or(|t| self.now < t)
+                    && r.visible.contains(&s.device_id);
+                if readable {
+                    if let Some(b) = r.boxes.iter().find(|b| b.device_id == s.device_id) {
+                        let mut e = Object::new();
+                        e.insert("seq", r.seq);
+                        e.insert("kind", r.kind.as_str());
+                        e.insert("accepted_at", r.accepted_at);
+                        e.insert("expires_at", r.expires_at);
+                        e.insert("envelope", json::parse(r.envelope.as_bytes())?);
+                        e.insert("device_certificate", json::parse(r.certificate.as_bytes())?);
+                        e.insert("key_box", json::parse(b.key_box.as_bytes())?);
+                        entries.push(Value::Object(e));
+                    }
+                }
+                if entries.len() as u64 == limit {
+                    break 'pages;
                 }
             }
-            if entries.len() as u64 == limit {
+            if !full {
                 break;
             }
         }
@@ -156,11 +170,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let has_more = acct.latest_seq > next
             && !self
                 .txn
-                .scan(
-                    &k::record(&s.account, next.saturating_add(1)),
-                    &k::prefix_end(&prefix),
-                    1,
-                )?
+                .scan(&k::record(&s.account, next.saturating_add(1)), &end, 1)?
                 .is_empty();
         let mut out = Object::new();
         out.insert("entries", Value::Array(entries));

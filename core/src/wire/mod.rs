@@ -14,3 +14,4 @@ pub mod relay_request;
 pub mod route;
 pub mod session_open;
 pub mod signature;
+pub mod verified;

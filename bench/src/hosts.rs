@@ -1,0 +1,89 @@
+//! The two hosts as child processes serving loopback HTTP.
+
+use relay_host_wasmtime::admin_client;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Policies every benchmarked relay runs with: no rate limits.
+const POLICIES: &[&str] = &[
+    "send_rate=0",
+    "deliver_rate=0",
+    "deliver_rate_per_account=0",
+];
+
+/// A host process serving `url`.
+pub struct Host {
+    child: Child,
+    pub url: String,
+    dir: PathBuf,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Host {
+    /// Starts `program args... --listen --data --policy...` and waits until it answers.
+    async fn start(mut cmd: Command, dir: &Path) -> anyhow::Result<Host> {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir)?;
+        let port = free_port()?;
+        let url = format!("http://127.0.0.1:{port}");
+        cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--data"])
+            .arg(dir);
+        for p in POLICIES {
+            cmd.args(["--policy", p]);
+        }
+        let child = cmd
+            .env("RELAY_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("{cmd:?}: {e}"))?;
+        let host = Host {
+            child,
+            url,
+            dir: dir.to_path_buf(),
+        };
+        let http = admin_client();
+        for _ in 0..400 {
+            if let Ok((200, _)) = http.get(&format!("{}/.well-known/relay", host.url)).await {
+                return Ok(host);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        anyhow::bail!("{cmd:?} did not start serving")
+    }
+
+    /// The wasmtime host: `target/release/relay serve`.
+    pub async fn wasmtime(exe: &Path, dir: &Path) -> anyhow::Result<Host> {
+        let mut cmd = Command::new(exe);
+        cmd.arg("serve");
+        Host::start(cmd, dir).await
+    }
+
+    /// The Node host: `node host-node/bin/relay-node.js serve`.
+    pub async fn node(root: &Path, dir: &Path) -> anyhow::Result<Host> {
+        let mut cmd = Command::new("node");
+        cmd.arg(root.join("host-node/bin/relay-node.js"))
+            .arg("serve");
+        Host::start(cmd, dir).await
+    }
+
+    /// The resident set size of the host process, in KiB.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// Stops the process and removes its data.
+    pub fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,223 @@
+//! The in-process runs: the native engine and the wasmtime component, over memory and SQLite.
+
+use crate::fixture::{self, Fixture, PAGE, PEER_RELAY};
+use crate::report::Sample;
+use rand::SeedableRng;
+use relay_core::engine::{Caller, Config, Engine, Entropy, MemoryStore, Storage};
+use relay_core::wire::identity::RelayId;
+use relay_host_wasmtime::guest::{self, Core};
+use relay_host_wasmtime::now_ms;
+use relay_host_wasmtime::store::{AnyStore, SqliteStore};
+use std::path::Path;
+use std::time::Instant;
+
+/// Who is called, as the bench sees it.
+pub enum As<'a> {
+    Anonymous,
+    Session(&'a str),
+    Relay(&'a str),
+}
+
+/// Something that answers protocol calls in-process.
+pub trait Target {
+    /// Calls `method`; the HTTP status and the body.
+    fn call(&mut self, caller: As<'_>, method: &str, params: &[u8]) -> (u16, Vec<u8>);
+}
+
+/// The configuration every in-process relay runs with: no rate limits (the bench measures throughput).
+pub fn config() -> Config {
+    let mut cfg = Config::new(
+        RelayId::parse(fixture::INPROC_RELAY).expect("relay id"),
+        fixture::NET,
+    );
+    cfg.policies.send_rate = 0;
+    cfg.policies.deliver_rate = 0;
+    cfg.policies.deliver_rate_per_account = 0;
+    cfg
+}
+
+/// Seeded entropy: the bench is reproducible.
+pub struct Seeded(rand_chacha::ChaCha20Rng);
+
+impl Entropy for Seeded {
+    fn fill(&mut self, buf: &mut [u8]) {
+        rand::RngCore::fill_bytes(&mut self.0, buf)
+    }
+}
+
+/// Seeded entropy from `seed`.
+pub fn seeded(seed: u64) -> Seeded {
+    Seeded(rand_chacha::ChaCha20Rng::seed_from_u64(seed))
+}
+
+/// The native engine (owned, or borrowed with `&mut`).
+pub struct Native<E>(E);
+
+impl<S: Storage> Native<Engine<S, Seeded>> {
+    /// A native engine over `store`.
+    pub fn new(store: S) -> Native<Engine<S, Seeded>> {
+        Native(Engine::new(config(), store, seeded(8)))
+    }
+}
+
+impl<'a, S: Storage> Native<&'a mut Engine<S, Seeded>> {
+    /// Calls through an engine the caller keeps.
+    pub fn from_engine(e: &'a mut Engine<S, Seeded>) -> Self {
+        Native(e)
+    }
+}
+
+fn native_call<S: Storage>(
+    e: &mut Engine<S, Seeded>,
+    caller: As<'_>,
+    method: &str,
+    params: &[u8],
+) -> (u16, Vec<u8>) {
+    let c = match caller {
+        As::Anonymous => Caller::Anonymous,
+        As::Session(t) => Caller::Session(t.to_string()),
+        As::Relay(r) => Caller::Relay(RelayId::parse(r).expect("relay id")),
+    };
+    let r = e.call(&c, method, params, now_ms());
+    (r.http_status(), r.body())
+}
+
+impl<S: Storage> Target for Native<Engine<S, Seeded>> {
+    fn call(&mut self, caller: As<'_>, method: &str, params: &[u8]) -> (u16, Vec<u8>) {
+        native_call(&mut self.0, caller, method, params)
+    }
+}
+
+impl<S: Storage> Target for Native<&mut Engine<S, Seeded>> {
+    fn call(&mut self, caller: As<'_>, method: &str, params: &[u8]) -> (u16, Vec<u8>) {
+        native_call(self.0, caller, method, params)
+    }
+}
+
+/// The wasmtime component, as the `relay` binary runs it (fuel and epochs on).
+pub struct Wasm(Core);
+
+impl Wasm {
+    /// Loads the component at `path` over `store`.
+    pub fn load(path: &Path, store: AnyStore) -> anyhow::Result<Wasm> {
+        let engine = guest::wasm_engine().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let cfg = String::from_utf8(config().to_json())?;
+        let core = Core::load(&engine, path, store, cfg, [7u8; 32])
+            .map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
+        Ok(Wasm(core))
+    }
+}
+
+impl Target for Wasm {
+    fn call(&mut self, caller: As<'_>, method: &str, params: &[u8]) -> (u16, Vec<u8>) {
+        let c = match caller {
+            As::Anonymous => guest::Caller::Anonymous,
+            As::Session(t) => guest::Caller::Session(t.to_string()),
+            As::Relay(r) => guest::Caller::Relay(r.to_string()),
+        };
+        let r = self.0.call(&c, method, params, now_ms());
+        (r.status, r.body)
+    }
+}
+
+/// Opens a fresh SQLite store at `path`.
+pub fn sqlite(path: &Path) -> anyhow::Result<SqliteStore> {
+    let _ = std::fs::remove_file(path);
+    SqliteStore::open(path).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// A fresh memory store behind the host's store type.
+pub fn memory() -> MemoryStore {
+    MemoryStore::new()
+}
+
+fn timed(
+    n: usize,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<std::time::Duration>> {
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        f(i)?;
+        lat.push(t.elapsed());
+    }
+    Ok(lat)
+}
+
+/// Runs registration, then send, deliver and sync over `fx`; one sample per operation.
+pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec<Sample>> {
+    let mut tokens = Vec::new();
+    for a in &fx.accounts {
+        let (s, b) = t.call(As::Anonymous, "account.register", &a.register);
+        anyhow::ensure!(s == 200, "register: {}", String::from_utf8_lossy(&b));
+        let (s, b) = t.call(As::Anonymous, "session.open", &a.session_open);
+        anyhow::ensure!(s == 200, "session.open: {}", String::from_utf8_lossy(&b));
+        tokens.push(fixture::token(&b).ok_or_else(|| anyhow::anyhow!("no session"))?);
+    }
+    let started = Instant::now();
+    let send = timed(fx.sends.len(), |i| {
+        let (s, params) = &fx.sends[i];
+        let (st, b) = t.call(As::Session(&tokens[*s]), "message.send", params);
+        anyhow::ensure!(
+            st == 200 && fixture::status(&b).as_deref() == Some("target_accepted"),
+            "message.send: {st} {}",
+            String::from_utf8_lossy(&b)
+        );
+        Ok(())
+    })?;
+    let send_wall = started.elapsed();
+    let started = Instant::now();
+    let deliver = timed(fx.delivers.len(), |i| {
+        let (st, b) = t.call(As::Relay(PEER_RELAY), "message.deliver", &fx.delivers[i]);
+        anyhow::ensure!(
+            st == 200,
+            "message.deliver: {st} {}",
+            String::from_utf8_lossy(&b)
+        );
+        Ok(())
+    })?;
+    let deliver_wall = started.elapsed();
+    let total = (fx.sends.len() + fx.delivers.len()) as u64;
+    let recipient = &tokens[fx.recipient()];
+    let started = Instant::now();
+    let sync = timed(syncs, |i| {
+        let after = (i as u64 * PAGE) % total.saturating_sub(PAGE).max(1);
+        let params = format!("{{\"after\":{after},\"limit\":{PAGE}}}");
+        let (st, b) = t.call(
+            As::Session(recipient),
+            "message.timeline.sync",
+            params.as_bytes(),
+        );
+        anyhow::ensure!(
+            st == 200 && fixture::entries(&b) == PAGE as usize,
+            "message.timeline.sync: {st} {} entries",
+            fixture::entries(&b)
+        );
+        Ok(())
+    })?;
+    let sync_wall = started.elapsed();
+    Ok(vec![
+        Sample::new("message.send", send, send_wall),
+        Sample::new("message.deliver", deliver, deliver_wall),
+        Sample::new("message.timeline.sync (50)", sync, sync_wall),
+    ])
+}
+
+impl Wasm {
+    /// The component's host side (for commit groups).
+    pub fn core(&mut self) -> &mut Core {
+        &mut self.0
+    }
+}
+
+/// The process's resident set size, in KiB.
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,239 @@
+//! `./x bench [--quick]`: one run, one table, one JSON file.
+//!
+//! In one process tree and one sitting: the native floor, the engine natively
+//! (memory and SQLite), the wasmtime component and the Node build in-process,
+//! and both hosts over loopback HTTP driven by the load generator. Every
+//! figure is also given as a ratio to the native engine measured in the
+//! same run. Results go to `<target>/bench/results.json`.
+
+mod fixture;
+mod floor;
+mod hosts;
+mod inproc;
+mod loadgen;
+mod node;
+mod report;
+mod scale;
+
+use relay_host_wasmtime::store::AnyStore;
+use report::Report;
+use std::path::{Path, PathBuf};
+
+/// How much work each part does.
+struct Sizes {
+    sends: usize,
+    delivers: usize,
+    syncs: usize,
+    http_per_level: usize,
+    concurrencies: Vec<usize>,
+    scale: scale::Scale,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Sizes {
+        if quick {
+            Sizes {
+                sends: 300,
+                delivers: 300,
+                syncs: 100,
+                http_per_level: 400,
+                concurrencies: vec![4, 32],
+                scale: scale::Scale {
+                    small: 1_000,
+                    large: 5_000,
+                },
+            }
+        } else {
+            Sizes {
+                sends: 3000,
+                delivers: 3000,
+                syncs: 500,
+                http_per_level: 5000,
+                concurrencies: vec![1, 8, 32, 128],
+                scale: scale::Scale {
+                    small: 1_000,
+                    large: 100_000,
+                },
+            }
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join("target"))
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> anyhow::Result<()> {
+    let component = target_dir().join("component/relay_core.wasm");
+    let fx = fixture::build(fixture::INPROC_RELAY, sz.sends, sz.delivers, 1);
+    eprintln!("floor");
+    rep.add("native floor", "-", None, floor::run(&fx)?);
+    let run = |rep: &mut Report, setup: &str, storage: &str, t: &mut dyn inproc::Target| {
+        eprintln!("{setup}, {storage}");
+        for s in inproc::run(t, &fx, sz.syncs)? {
+            rep.add(setup, storage, None, s);
+        }
+        anyhow::Ok(())
+    };
+    let db = |name: &str| scratch.join(format!("{name}.sqlite"));
+    run(
+        rep,
+        "native engine",
+        "memory",
+        &mut inproc::Native::new(inproc::memory()),
+    )?;
+    run(
+        rep,
+        "native engine",
+        "sqlite",
+        &mut inproc::Native::new(inproc::sqlite(&db("native"))?),
+    )?;
+    if !skip.iter().any(|s| s == "wasmtime") {
+        let mem = AnyStore::Memory(inproc::memory());
+        run(
+            rep,
+            "wasmtime component",
+            "memory",
+            &mut inproc::Wasm::load(&component, mem)?,
+        )?;
+        let sql = AnyStore::Sqlite(inproc::sqlite(&db("wasm"))?);
+        run(
+            rep,
+            "wasmtime component",
+            "sqlite",
+            &mut inproc::Wasm::load(&component, sql)?,
+        )?;
+    }
+    if !skip.iter().any(|s| s == "node") {
+        eprintln!("node in-process");
+        for (storage, s) in node::run(&root(), &fx, sz.syncs, &scratch.join("node"))? {
+            rep.add("node (wasm-bindgen)", &storage, None, s);
+        }
+    }
+    Ok(())
+}
+
+async fn http(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> anyhow::Result<()> {
+    let n = sz.http_per_level * sz.concurrencies.len();
+    let exe = std::env::current_exe()?
+        .parent()
+        .map(|d| d.join("relay"))
+        .ok_or_else(|| anyhow::anyhow!("no exe dir"))?;
+    let mut hosts: Vec<(&str, hosts::Host)> = Vec::new();
+    if !skip.iter().any(|s| s == "wasmtime") {
+        hosts.push((
+            "wasmtime host, HTTP",
+            hosts::Host::wasmtime(&exe, &scratch.join("http-wasmtime")).await?,
+        ));
+    }
+    if !skip.iter().any(|s| s == "node") {
+        hosts.push((
+            "node host, HTTP",
+            hosts::Host::node(&root(), &scratch.join("http-node")).await?,
+        ));
+    }
+    for (name, host) in hosts {
+        eprintln!("{name}");
+        let fx = fixture::build(&host.url, n, 0, 2);
+        let rss_before = host.rss_kib();
+        let result = loadgen::run(&fx, &host.url, &sz.concurrencies).await;
+        let rss_after = host.rss_kib();
+        host.stop();
+        for l in result? {
+            rep.add(name, "sqlite", Some(l.concurrency), l.sample);
+            if let Some(f) = l.first_failure {
+                let row = rep.rows.last_mut().expect("row");
+                row.note = format!("{} failed, first: {f}", l.failed);
+            }
+        }
+        rep.extra.push((
+            format!("{name} rss KiB before/after {n} sends"),
+            serde_json::json!([rss_before, rss_after]),
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--skip node,wasmtime,http,inprocess` (for working on one part).
+    let skip: Vec<String> = args
+        .iter()
+        .position(|a| a == "--skip")
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let sz = Sizes::new(quick);
+    let out = target_dir().join("bench");
+    let scratch = out.join("scratch");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)?;
+    let load_before = load_average();
+    let started = std::time::Instant::now();
+    let mut rep = Report::default();
+    if !skip.iter().any(|s| s == "inprocess") {
+        inprocess(&mut rep, &sz, &scratch, &skip)?;
+    }
+    if !skip.iter().any(|s| s == "http") {
+        http(&mut rep, &sz, &scratch, &skip).await?;
+    }
+    if !skip.iter().any(|s| s == "scale") {
+        let mut sc = sz.scale;
+        // `--scale-large N` (e.g. 1000000) for the large side of the scale checks.
+        if let Some(n) = args
+            .iter()
+            .position(|a| a == "--scale-large")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|n| n.parse().ok())
+        {
+            sc.large = n;
+        }
+        let component = target_dir().join("component/relay_core.wasm");
+        scale::run(&mut rep, &sc, &component, &scratch)?;
+    }
+    rep.link_baselines();
+    let mut head = serde_json::Map::new();
+    head.insert("mode".into(), (if quick { "quick" } else { "full" }).into());
+    head.insert("load_average_before".into(), load_before.clone().into());
+    head.insert("load_average_after".into(), load_average().into());
+    head.insert(
+        "seconds".into(),
+        serde_json::json!(started.elapsed().as_secs_f64()),
+    );
+    head.insert(
+        "command".into(),
+        (if quick {
+            "./x bench --quick"
+        } else {
+            "./x bench"
+        })
+        .into(),
+    );
+    std::fs::write(out.join("results.json"), rep.json(head))?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    println!(
+        "relay bench ({}), load average before: {load_before}, after: {}",
+        if quick { "quick" } else { "full" },
+        load_average()
+    );
+    print!("{}", rep.table());
+    println!(
+        "x nat: ratio to the native engine on the same storage in this run (HTTP rows: native message.send on SQLite)"
+    );
+    println!("results: {}", out.join("results.json").display());
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! Results: one sample per measured operation, one table, one JSON file.
+
+use serde_json::{json, Value as Json};
+use std::time::Duration;
+
+/// One operation measured `n` times.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub op: String,
+    pub n: usize,
+    pub per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+impl Sample {
+    /// A sample from per-call latencies and the wall time of all calls.
+    pub fn new(op: &str, mut lat: Vec<Duration>, wall: Duration) -> Sample {
+        lat.sort();
+        Sample {
+            op: op.to_string(),
+            n: lat.len(),
+            per_s: lat.len() as f64 / wall.as_secs_f64().max(1e-9),
+            p50_ms: percentile(&lat, 0.5),
+            p99_ms: percentile(&lat, 0.99),
+        }
+    }
+}
+
+/// One line of the table: who ran what, on which storage.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub setup: String,
+    pub storage: String,
+    pub concurrency: Option<usize>,
+    pub sample: Sample,
+    /// The native engine's figure this row is compared with (same operation and storage).
+    pub baseline: Option<f64>,
+    pub note: String,
+}
+
+impl Row {
+    /// The ratio to the native engine measured in the same run.
+    pub fn ratio(&self) -> Option<f64> {
+        self.baseline.map(|b| self.sample.per_s / b)
+    }
+}
+
+/// Every row of a run.
+#[derive(Default)]
+pub struct Report {
+    pub rows: Vec<Row>,
+    pub extra: Vec<(String, Json)>,
+}
+
+impl Report {
+    /// Adds a row.
+    pub fn add(&mut self, setup: &str, storage: &str, concurrency: Option<usize>, s: Sample) {
+        self.rows.push(Row {
+            setup: setup.to_string(),
+            storage: storage.to_string(),
+            concurrency,
+            sample: s,
+            baseline: None,
+            note: String::new(),
+        });
+    }
+
+    /// Fills every row's baseline: the native engine on the same storage (HTTP rows: SQLite send).
+    pub fn link_baselines(&mut self) {
+        let natives: Vec<(String, String, f64)> = self
+            .rows
+            .iter()
+            .filter(|r| r.setup == "native engine")
+            .map(|r| (r.sample.op.clone(), r.storage.clone(), r.sample.per_s))
+            .collect();
+        for r in &mut self.rows {
+            let op = r.sample.op.clone();
+            r.baseline = natives
+                .iter()
+                .find(|(o, s, _)| *o == op && *s == r.storage)
+                .map(|(_, _, v)| *v);
+        }
+    }
+
+    /// The table, as printed.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        out.push_str(&format!(
+            "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10} {:>9} {:>9} {:>7}\n",
+            "setup", "storage", "operation", "conc", "n", "op/s", "p50 ms", "p99 ms", "x nat"
+        ));
+        for r in &self.rows {
+            out.push_str(&format!(
+                "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10.0} {:>9.3} {:>9.3} {:>7}\n",
+                r.setup,
+                r.storage,
+                r.sample.op,
+                r.concurrency.map_or("-".to_string(), |c| c.to_string()),
+                r.sample.n,
+                r.sample.per_s,
+                r.sample.p50_ms,
+                r.sample.p99_ms,
+                r.ratio().map_or("-".to_string(), |x| format!("{x:.2}"))
+            ));
+        }
+        for r in self.rows.iter().filter(|r| !r.note.is_empty()) {
+            out.push_str(&format!(
+                "note: {} c={:?}: {}\n",
+                r.setup, r.concurrency, r.note
+            ));
+        }
+        for (k, v) in &self.extra {
+            out.push_str(&format!("{k}: {v}\n"));
+        }
+        out
+    }
+
+    /// The results as JSON (`target/bench/results.json`), `head` first.
+    pub fn json(&self, mut head: serde_json::Map<String, Json>) -> Vec<u8> {
+        let rows: Vec<Json> = self
+            .rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "setup": r.setup,
+                    "storage": r.storage,
+                    "operation": r.sample.op,
+                    "concurrency": r.concurrency,
+                    "n": r.sample.n,
+                    "per_second": r.sample.per_s,
+                    "p50_ms": r.sample.p50_ms,
+                    "p99_ms": r.sample.p99_ms,
+                    "ratio_to_native": r.ratio(),
+                    "note": r.note,
+                })
+            })
+            .collect();
+        head.insert("rows".into(), Json::Array(rows));
+        for (k, v) in &self.extra {
+            head.insert(k.clone(), v.clone());
+        }
+        serde_json::to_vec_pretty(&Json::Object(head)).unwrap_or_default()
+    }
+}

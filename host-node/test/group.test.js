@@ -1,0 +1,51 @@
+// Group commit in the Node host: reads see the open group, the disk sees it only after flush,
+// answers wait for the flush, and a failed flush undoes the whole group.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { SqliteStorage } from '../src/storage.js';
+import { createRelay } from '../src/index.js';
+import { register, message, as, texts } from './helpers.js';
+
+const b = (s) => Buffer.from(s);
+
+test('an open group is read through and reaches the database only at flush', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-group-'));
+  const s = new SqliteStorage(path.join(dir, 'db.sqlite'));
+  s.commit([[b('a'), b('1')], [b('c'), b('3')]]);
+  s.begin();
+  s.commit([[b('b'), b('2')], [b('c'), null]]);
+  assert.equal(Buffer.from(s.get(b('b'))).toString(), '2');
+  assert.equal(s.get(b('c')), null);
+  assert.deepEqual(s.scan(b('a'), b('z'), 2).map(([k]) => Buffer.from(k).toString()), ['a', 'b']);
+  const other = new SqliteStorage(path.join(dir, 'db.sqlite'));
+  assert.equal(other.get(b('b')), null, 'nothing on disk before flush');
+  s.flush();
+  assert.equal(Buffer.from(other.get(b('b'))).toString(), '2');
+  assert.equal(other.get(b('c')), null);
+  other.close();
+  s.close();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test('grouped calls answer after one commit, and a failed commit answers internal for all', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-group-'));
+  const relay = await createRelay({ relay: 'http://127.0.0.1:1', data: dir, policies: { send_rate: 0 } });
+  const alice = register(relay);
+  const bob = register(relay);
+  const ok = await Promise.all([1, 2, 3].map((i) => relay.callGrouped(as(alice), 'message.send', message(alice, bob, `m${i}`))));
+  assert.deepEqual(ok.map((r) => r.status), [200, 200, 200]);
+  assert.deepEqual(texts(bob).sort(), ['m1', 'm2', 'm3']);
+  const tx = relay.storage.tx;
+  relay.storage.tx = () => {
+    throw new Error('disk full');
+  };
+  const failed = await Promise.all([4, 5].map((i) => relay.callGrouped(as(alice), 'message.send', message(alice, bob, `m${i}`))));
+  relay.storage.tx = tx;
+  assert.deepEqual(failed.map((r) => r.status), [500, 500]);
+  assert.deepEqual(texts(bob).sort(), ['m1', 'm2', 'm3'], 'the failed group left nothing');
+  await relay.close();
+  fs.rmSync(dir, { recursive: true, force: true });
+});

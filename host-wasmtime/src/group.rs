@@ -1,0 +1,153 @@
+//! Group commit: the writes of several operations become one durable transaction.
+//!
+//! While a group is open, each operation's commit lands in an overlay that
+//! later operations read through (so they see earlier operations' writes),
+//! and nothing reaches the disk. [`Grouped::flush`] writes the overlay in one
+//! SQLite transaction, one fsync for the whole group. The caller releases
+//! the group's answers and effects only after `flush` returned `Ok`; if it
+//! fails, the overlay is dropped, so every operation of the group is undone
+//! together and each answers as not accepted.
+
+use relay_core::engine::storage::{Entry, Write};
+use relay_core::engine::{Storage, StorageError};
+use std::collections::BTreeMap;
+
+/// A store whose commits can be grouped.
+pub struct Grouped<S: Storage> {
+    inner: S,
+    overlay: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    open: bool,
+}
+
+impl<S: Storage> Grouped<S> {
+    /// `inner`, with no group open (every commit goes straight through).
+    pub fn new(inner: S) -> Grouped<S> {
+        Grouped {
+            inner,
+            overlay: BTreeMap::new(),
+            open: false,
+        }
+    }
+
+    /// Opens a group: commits from now on wait for [`Grouped::flush`].
+    pub fn begin(&mut self) {
+        self.open = true;
+    }
+
+    /// Commits the group's writes in one transaction and closes the group; on error they are gone.
+    pub fn flush(&mut self) -> Result<(), StorageError> {
+        self.open = false;
+        if self.overlay.is_empty() {
+            return Ok(());
+        }
+        let writes: Vec<Write> = std::mem::take(&mut self.overlay).into_iter().collect();
+        self.inner.commit(writes)
+    }
+}
+
+impl<S: Storage> Storage for Grouped<S> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        match self.overlay.get(key) {
+            Some(v) => Ok(v.clone()),
+            None => self.inner.get(key),
+        }
+    }
+
+    fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>, StorageError> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let mut overlay = self.overlay.range(start.to_vec()..end.to_vec()).peekable();
+        if overlay.peek().is_none() {
+            return self.inner.scan(start, end, limit);
+        }
+        // Each deleted key in range may hide one stored row: fetch that many more.
+        let overlay: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = overlay.collect();
+        let deletes = overlay.iter().filter(|(_, v)| v.is_none()).count();
+        let base = self.inner.scan(start, end, limit.saturating_add(deletes))?;
+        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = base.into_iter().collect();
+        for (k, v) in overlay {
+            match v {
+                Some(v) => merged.insert(k.clone(), v.clone()),
+                None => merged.remove(k),
+            };
+        }
+        Ok(merged.into_iter().take(limit).collect())
+    }
+
+    fn commit(&mut self, batch: Vec<Write>) -> Result<(), StorageError> {
+        if !self.open {
+            return self.inner.commit(batch);
+        }
+        for (k, v) in batch {
+            self.overlay.insert(k, v);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relay_core::engine::MemoryStore;
+
+    /// A store whose commits fail on request, to undo a group.
+    struct Failing(MemoryStore, bool);
+
+    impl Storage for Failing {
+        fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+            self.0.get(key)
+        }
+        fn scan(&mut self, s: &[u8], e: &[u8], l: usize) -> Result<Vec<Entry>, StorageError> {
+            self.0.scan(s, e, l)
+        }
+        fn commit(&mut self, batch: Vec<Write>) -> Result<(), StorageError> {
+            if self.1 {
+                return Err(StorageError("disk full".into()));
+            }
+            self.0.commit(batch)
+        }
+    }
+
+    fn put(k: &str, v: &str) -> Write {
+        (k.as_bytes().to_vec(), Some(v.as_bytes().to_vec()))
+    }
+
+    #[test]
+    fn reads_in_a_group_see_earlier_commits_and_the_disk_sees_them_only_after_flush() {
+        let mem = MemoryStore::new();
+        let mut g = Grouped::new(mem.clone());
+        g.commit(vec![put("a", "1"), put("c", "3")]).unwrap();
+        g.begin();
+        g.commit(vec![put("b", "2"), (b"c".to_vec(), None)])
+            .unwrap();
+        assert_eq!(g.get(b"b").unwrap(), Some(b"2".to_vec()));
+        assert_eq!(g.get(b"c").unwrap(), None);
+        let keys: Vec<Vec<u8>> = g
+            .scan(b"a", b"z", 2)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.0)
+            .collect();
+        assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(mem.len(), 2, "nothing reaches the store before flush");
+        g.flush().unwrap();
+        assert_eq!(mem.len(), 2);
+        assert_eq!(mem.snapshot().get(b"b".as_slice()), Some(&b"2".to_vec()));
+        assert!(!mem.snapshot().contains_key(b"c".as_slice()));
+    }
+
+    #[test]
+    fn a_failed_flush_undoes_the_whole_group() {
+        let mut g = Grouped::new(Failing(MemoryStore::new(), false));
+        g.commit(vec![put("a", "1")]).unwrap();
+        g.begin();
+        g.commit(vec![put("b", "2")]).unwrap();
+        g.commit(vec![(b"a".to_vec(), None)]).unwrap();
+        g.inner.1 = true;
+        assert!(g.flush().is_err());
+        g.inner.1 = false;
+        assert_eq!(g.get(b"a").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(g.get(b"b").unwrap(), None);
+    }
+}
