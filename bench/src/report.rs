@@ -64,6 +64,11 @@ pub struct Report {
 impl Report {
     /// Adds a row.
     pub fn add(&mut self, setup: &str, storage: &str, concurrency: Option<usize>, s: Sample) {
+        // Progress on stderr, so a long run that is stopped still leaves its figures.
+        eprintln!(
+            "  {setup} {storage} {} {concurrency:?}: {:.0}/s p50 {:.3} ms p99 {:.3} ms",
+            s.op, s.per_s, s.p50_ms, s.p99_ms
+        );
         self.rows.push(Row {
             setup: setup.to_string(),
             storage: storage.to_string(),
