@@ -57,36 +57,34 @@ impl Http {
         if let Some(s) = session {
             req = req.header("authorization", &format!("Bearer {s}"));
         }
-        let mut resp = req
+        let resp = req
             .send(body)
             .map_err(|e| CallError::Transport(classify(&e)))?;
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .body_mut()
-            .with_config()
-            .limit(MAX_ANSWER)
-            .read_to_vec()
-            .map_err(|e| CallError::Transport(TransportError::Unknown(e.to_string())))?;
-        answer(status, &bytes)
+        read_answer(resp)
     }
 
     /// GETs `{relay}/.well-known/relay`.
     pub fn well_known(&self, relay: &str) -> Result<Object, CallError> {
         let url = format!("{relay}/.well-known/relay");
-        let mut resp = self
+        let resp = self
             .agent
             .get(&url)
             .call()
             .map_err(|e| CallError::Transport(classify(&e)))?;
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .body_mut()
-            .with_config()
-            .limit(MAX_ANSWER)
-            .read_to_vec()
-            .map_err(|e| CallError::Transport(TransportError::Unknown(e.to_string())))?;
-        answer(status, &bytes)
+        read_answer(resp)
     }
+}
+
+/// Reads a whole answer (at most `MAX_ANSWER` bytes); a read that breaks off is an unknown outcome.
+fn read_answer(mut resp: ureq::http::Response<ureq::Body>) -> Result<Object, CallError> {
+    let status = resp.status().as_u16();
+    let bytes = resp
+        .body_mut()
+        .with_config()
+        .limit(MAX_ANSWER)
+        .read_to_vec()
+        .map_err(|e| CallError::Transport(TransportError::Unknown(e.to_string())))?;
+    answer(status, &bytes)
 }
 
 /// Reads an HTTP answer: 200 with a result object, or an error object.

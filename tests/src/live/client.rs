@@ -134,23 +134,10 @@ impl Client {
 
     /// Registers a new account with one device at `relay` and opens its session.
     pub fn register(&mut self, relay: &Relay, discoverable: bool) -> User {
-        let key = AccountKey::generate(&mut self.rng);
-        let device = DeviceKey::generate(&mut self.rng);
-        let cert = self.certificate(&key, &device);
-        let mut u = User {
-            key,
-            devices: vec![device],
-            certs: vec![cert.clone()],
-            sessions: Vec::new(),
-            api: relay.api(),
-            relay: relay.id(),
-            revision: 1,
-            route: Object::new(),
-        };
-        u.route = Client::sign_route(&u);
+        let mut u = self.unregistered(relay);
         let mut p = Object::new();
         p.insert("route", u.route.clone());
-        p.insert("certificate", cert);
+        p.insert("certificate", u.certs[0].clone());
         p.insert("discoverable", discoverable);
         let (s, v) = self.call(&u.api, "account.register", None, &p);
         assert_eq!(s, 200, "account.register at {}: {v:?}", u.api);
