@@ -7,7 +7,7 @@
 use js_sys::{Array, Function, Reflect, Uint8Array};
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{
-    Caller, Config, Effect, Engine, Entropy, Outcome, PeerMethod, Response, Storage, StorageError,
+    Caller, Config, Effect, Engine, Entropy, Outcome, Response, Storage, StorageError,
 };
 use relay_core::wire::canonical::write_string;
 use relay_core::wire::identity::RelayId;
@@ -131,10 +131,7 @@ fn effects_json(effects: &[Effect], out: &mut Vec<u8>) {
                 write_string(task, out);
                 out.extend_from_slice(format!(",\"attempt\":{attempt},\"target\":").as_bytes());
                 write_string(target.as_str(), out);
-                let m = match method {
-                    PeerMethod::Deliver => "message.deliver",
-                    PeerMethod::RouteGet => "route.get",
-                };
+                let m = method.as_str();
                 out.extend_from_slice(format!(",\"method\":\"{m}\",\"body\":").as_bytes());
                 write_string(&String::from_utf8_lossy(body), out);
                 out.push(b'}');

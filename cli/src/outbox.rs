@@ -96,12 +96,7 @@ pub fn record_status(
 /// `unauthenticated` re-opens the session once (the body does not change).
 /// Any other error is the relay's explicit refusal and is returned as is.
 pub fn transmit(client: &mut Client, message_id: &str) -> Result<Object, CliError> {
-    let entry = client
-        .profile
-        .outbox
-        .get(message_id)
-        .cloned()
-        .ok_or_else(|| CliError::Input(format!("message {message_id} is not in the outbox")))?;
+    let entry = client.profile.sent(message_id)?;
     let policy = client.retry;
     let mut backoff = policy.initial_backoff;
     let mut rate_waited = Duration::ZERO;

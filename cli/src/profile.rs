@@ -89,6 +89,14 @@ pub fn object(text: &str, what: &str) -> Result<Object, CliError> {
 }
 
 impl Profile {
+    /// A sent message's outbox entry, or the input error naming it.
+    pub fn sent(&self, message_id: &str) -> Result<OutboxEntry, CliError> {
+        self.outbox
+            .get(message_id)
+            .cloned()
+            .ok_or_else(|| CliError::Input(format!("message {message_id} is not in the outbox")))
+    }
+
     /// The account key pair.
     pub fn account_key(&self) -> Result<AccountKey, CliError> {
         Ok(AccountKey::from_seed(seed(

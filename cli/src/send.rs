@@ -193,12 +193,7 @@ pub fn deliver(client: &mut Client, message_id: &str, wait: Duration) -> Result<
             replaced: None,
         });
     }
-    let entry = client
-        .profile
-        .outbox
-        .get(message_id)
-        .cloned()
-        .ok_or_else(|| CliError::Input(format!("message {message_id} is not in the outbox")))?;
+    let entry = client.profile.sent(message_id)?;
     if let Some(newer) = &entry.replaced_by {
         // Already answered once with a new message: never a second replacement.
         return Err(CliError::Input(format!(
