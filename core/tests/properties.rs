@@ -141,3 +141,65 @@ proptest! {
         prop_assert!(!verifies(&edited), "byte {} edited to {:?} still verifies", i, edited[i] as char);
     }
 }
+
+/// RFC 8785 §3.2.2.2 string escaping, written the obvious way: one byte at a time.
+fn escape_reference(s: &str) -> Vec<u8> {
+    let mut out = vec![b'"'];
+    for c in s.chars() {
+        match c {
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
+            '\u{8}' => out.extend_from_slice(b"\\b"),
+            '\t' => out.extend_from_slice(b"\\t"),
+            '\n' => out.extend_from_slice(b"\\n"),
+            '\u{c}' => out.extend_from_slice(b"\\f"),
+            '\r' => out.extend_from_slice(b"\\r"),
+            c if (c as u32) < 0x20 => {
+                out.extend_from_slice(format!("\\u{:04x}", c as u32).as_bytes())
+            }
+            c => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+        }
+    }
+    out.push(b'"');
+    out
+}
+
+/// Strings made of the bytes that matter to the word-at-a-time escape scan.
+fn arb_escapable() -> impl Strategy<Value = String> {
+    let ch = prop_oneof![
+        (0u32..0x80).prop_map(|c| char::from_u32(c).unwrap_or('a')),
+        Just('"'),
+        Just('\\'),
+        Just('\u{7f}'),
+        Just('é'),
+        Just('\u{2028}'),
+        Just('😀'),
+        Just('a'),
+    ];
+    prop::collection::vec(ch, 0..40).prop_map(|v| v.into_iter().collect())
+}
+
+proptest! {
+    /// The word-at-a-time string writer escapes exactly what RFC 8785 escapes, at every offset.
+    #[test]
+    fn string_escaping_matches_the_byte_at_a_time_rule(s in arb_escapable()) {
+        let mut out = Vec::new();
+        canonical::write_string(&s, &mut out);
+        prop_assert_eq!(out, escape_reference(&s));
+    }
+}
+
+/// Every control character, quote and backslash is escaped wherever it sits in an 8-byte word.
+#[test]
+fn string_escaping_at_every_word_offset() {
+    for c in (0u8..0x80).chain([b'"', b'\\']) {
+        for at in 0..17 {
+            let mut s = vec![b'a'; 17];
+            s[at] = c;
+            let s = String::from_utf8(s).expect("ascii");
+            let mut out = Vec::new();
+            canonical::write_string(&s, &mut out);
+            assert_eq!(out, escape_reference(&s), "byte {c:#x} at {at}");
+        }
+    }
+}

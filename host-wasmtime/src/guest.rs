@@ -113,6 +113,10 @@ pub fn wasm_engine() -> wasmtime::Result<Engine> {
     cfg.wasm_component_model(true)
         .consume_fuel(true)
         .epoch_interruption(true);
+    // `RELAY_PERFMAP=1` names compiled wasm functions for `perf` (/tmp/perf-PID.map).
+    if std::env::var_os("RELAY_PERFMAP").is_some_and(|v| v == "1") {
+        cfg.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     Engine::new(&cfg)
 }
 
