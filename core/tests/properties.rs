@@ -203,3 +203,18 @@ fn string_escaping_at_every_word_offset() {
         }
     }
 }
+
+proptest! {
+    /// An object spliced from its members' canonical texts is the object's canonical form.
+    #[test]
+    fn splicing_canonical_members_is_the_canonical_object(
+        m in prop::collection::btree_map(any::<String>(), arb_value(), 0..8)
+    ) {
+        let o: Object = m.into_iter().collect();
+        let texts: Vec<(String, Vec<u8>)> =
+            o.iter().map(|(k, v)| (k.to_string(), canonical::to_vec(v))).collect();
+        let mut members: Vec<(&str, &[u8])> =
+            texts.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+        prop_assert_eq!(canonical::object_of_canonical(&mut members), canonical::object_to_vec(&o));
+    }
+}

@@ -105,6 +105,8 @@ pub struct Core {
     instance: Relay,
     /// Traps survived (each replaced the instance).
     pub traps: u64,
+    /// Fuel spent by all calls so far: wasm work, counted deterministically (benchmarks report it).
+    pub fuel_spent: u64,
 }
 
 /// The wasmtime engine configuration: fuel and epochs bound every call.
@@ -185,6 +187,7 @@ impl Core {
             store,
             instance,
             traps: 0,
+            fuel_spent: 0,
         })
     }
 
@@ -195,7 +198,10 @@ impl Core {
     ) -> Option<R> {
         let _ = self.store.set_fuel(FUEL_PER_CALL);
         self.store.set_epoch_deadline(crate::EPOCHS_PER_CALL);
-        match f(&self.instance, &mut self.store) {
+        let r = f(&self.instance, &mut self.store);
+        let left = self.store.get_fuel().unwrap_or(FUEL_PER_CALL);
+        self.fuel_spent += FUEL_PER_CALL.saturating_sub(left);
+        match r {
             Ok(r) => Some(r),
             Err(e) => {
                 self.traps += 1;

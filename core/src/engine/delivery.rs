@@ -112,11 +112,21 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// Takes responsibility for a new task and makes its first attempt now.
-    pub(crate) fn start_task(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+    ///
+    /// `parsed` is the task body already parsed (by `message.send`), for local delivery.
+    pub(crate) fn start_task(
+        &mut self,
+        id: &str,
+        mut t: TaskRec,
+        parsed: Option<Incoming>,
+    ) -> Result<(), Error> {
         self.txn
             .put_raw(k::by_destination(&t.target, id), Vec::new());
         t.next_at = self.now;
         self.reindex(id, None, &t);
+        if self.now < t.deadline && self.is_local(&t) {
+            return self.deliver_locally(id, t, parsed);
+        }
         self.launch(id, t)
     }
 
@@ -127,7 +137,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             return self.deadline_exceeded(id, t);
         }
         if self.is_local(&t) {
-            return self.deliver_locally(id, t);
+            return self.deliver_locally(id, t, None);
         }
         let target = t.target.clone();
         let mut peer = self.peer(&target)?;
@@ -177,11 +187,19 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// Local delivery: the receiving rules run here, as the delivery's step.
-    fn deliver_locally(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+    fn deliver_locally(
+        &mut self,
+        id: &str,
+        mut t: TaskRec,
+        parsed: Option<Incoming>,
+    ) -> Result<(), Error> {
         t.attempt += 1;
-        let params = json::parse_object(t.body.as_bytes())?;
-        let inc = Incoming::parse(params)?;
-        let hash = super::receive::params_hash(&inc.params);
+        let inc = match parsed {
+            Some(inc) => inc,
+            None => Incoming::parse(json::parse_object(t.body.as_bytes())?)?,
+        };
+        // The body is the canonical form of the params: its hash is their params hash.
+        let hash = super::receive::canonical_hash(t.body.as_bytes());
         let result = match self.take_token(
             "deliver_to",
             &t.to,

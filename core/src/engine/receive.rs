@@ -24,7 +24,12 @@ use sha2::{Digest, Sha256};
 
 /// The logical request hash: base64url(sha256(JCS(params))).
 pub(crate) fn params_hash(p: &Object) -> String {
-    base64url::encode(&Sha256::digest(canonical::object_to_vec(p)))
+    canonical_hash(&canonical::object_to_vec(p))
+}
+
+/// The params hash of params whose canonical form is `jcs`.
+pub(crate) fn canonical_hash(jcs: &[u8]) -> String {
+    base64url::encode(&Sha256::digest(jcs))
 }
 
 /// message.deliver params, parsed to the depth needed for the logical key.
@@ -135,12 +140,11 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 Vec::new(),
             );
         }
-        let env_text = String::from_utf8(env.canonical()).unwrap_or_default();
         let cert_text = String::from_utf8(cert.canonical()).unwrap_or_default();
         self.append(
             to,
             Kind::Received,
-            &env_text,
+            env.canonical_text(),
             env.body_expires_at,
             &cert_text,
             &boxes,

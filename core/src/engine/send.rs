@@ -6,7 +6,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
-use super::receive::{params_hash, state_conflict};
+use super::receive::{params_hash, state_conflict, Incoming};
 use super::records::{SendRec, TaskRec, TaskState};
 use super::session::Need;
 use super::status::{self, Status};
@@ -136,7 +136,6 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .created_at
             .saturating_add(p_.message_delivery_age_limit)
             .min(retain_until);
-        let env_text = String::from_utf8(env.canonical()).unwrap_or_default();
         let cert_text = String::from_utf8(cert.canonical()).unwrap_or_default();
         let mut rec = SendRec {
             hash,
@@ -162,7 +161,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             self.append(
                 &to,
                 Kind::SelfDelivery,
-                &env_text,
+                env.canonical_text(),
                 env.body_expires_at,
                 &cert_text,
                 &recipient_boxes,
@@ -177,23 +176,26 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             self.append(
                 &from,
                 Kind::Sent,
-                &env_text,
+                env.canonical_text(),
                 env.body_expires_at,
                 &cert_text,
                 boxes,
             )?;
         }
         // The deliver params, built once: every attempt sends these exact bytes.
-        let mut deliver = Object::new();
-        deliver.insert("envelope", Value::Object(env.raw().clone()));
-        deliver.insert(
-            "recipient_boxes",
-            f.get("recipient_boxes").cloned().unwrap_or(Value::Null),
-        );
-        deliver.insert("device_certificate", Value::Object(cert.raw().clone()));
-        if let Some(a) = f.get("authorization") {
-            deliver.insert("authorization", a.clone());
+        let boxes_value = f.get("recipient_boxes").cloned().unwrap_or(Value::Null);
+        let boxes_text = canonical::to_vec(&boxes_value);
+        let auth_text = f.get("authorization").map(canonical::to_vec);
+        let mut members: Vec<(&str, &[u8])> = vec![
+            ("envelope", env.canonical_text().as_bytes()),
+            ("recipient_boxes", &boxes_text),
+            ("device_certificate", cert_text.as_bytes()),
+        ];
+        if let Some(a) = &auth_text {
+            members.push(("authorization", a));
         }
+        let body =
+            String::from_utf8(canonical::object_of_canonical(&mut members)).unwrap_or_default();
         let Some(route) = route else {
             return Err(Error::new(
                 ErrorCode::Internal,
@@ -207,7 +209,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             to,
             target: route.relay,
             route_revision: route.revision,
-            body: String::from_utf8(canonical::object_to_vec(&deliver)).unwrap_or_default(),
+            body,
             attempt: 0,
             failures: 0,
             state: TaskState::Waiting,
@@ -221,7 +223,22 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             want_route_get: false,
             route_error: None,
         };
-        self.start_task(&task_id(&from, &id), task)?;
+        // For local delivery the parsed deliver params go along, so it neither
+        // re-parses them nor verifies the envelope again (it just verified).
+        let parsed = (task.target == self.cfg.relay.as_str()).then(|| {
+            let mut deliver = Object::new();
+            deliver.insert("envelope", Value::Object(env.raw().clone()));
+            deliver.insert("recipient_boxes", boxes_value);
+            deliver.insert("device_certificate", Value::Object(cert.raw().clone()));
+            if let Some(a) = f.get("authorization") {
+                deliver.insert("authorization", a.clone());
+            }
+            Incoming {
+                params: deliver,
+                envelope: env,
+            }
+        });
+        self.start_task(&task_id(&from, &id), task, parsed)?;
         let rec: SendRec = self.txn.get(&k::sent(&from, &id))?.unwrap_or(rec);
         Ok(status::from_send(&from, &id, &rec))
     }

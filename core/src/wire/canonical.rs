@@ -27,6 +27,27 @@ pub fn object_to_vec(object: &Object) -> Vec<u8> {
     out
 }
 
+/// The canonical form of an object whose members' values are given in canonical form already.
+///
+/// Equal to [`object_to_vec`] of the parsed members; it saves re-writing
+/// values whose canonical text is at hand (an envelope in deliver params).
+pub fn object_of_canonical(members: &mut [(&str, &[u8])]) -> Vec<u8> {
+    members.sort_unstable_by(|a, b| utf16_cmp(a.0, b.0));
+    let len: usize = members.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+    let mut out = Vec::with_capacity(len + 2);
+    out.push(b'{');
+    for (i, (k, v)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(k, &mut out);
+        out.push(b':');
+        out.extend_from_slice(v);
+    }
+    out.push(b'}');
+    out
+}
+
 /// Appends the canonical form of `object` without its member `skip` (used for signing input).
 pub fn write_object_without(object: &Object, skip: &str, out: &mut Vec<u8>) {
     write_object(object, Some(skip), out);

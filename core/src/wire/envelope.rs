@@ -4,13 +4,20 @@ use super::certificate::DeviceCertificate;
 use super::field::{FieldError, Fields};
 use super::identity::{AccountId, DeviceId};
 use super::json::Object;
-use super::signature::{SignatureError, SignedObject};
+use super::signature::{self, SignatureError, SignedObject};
+use std::cell::{Cell, OnceCell};
 
 /// A parsed `message_envelope`.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// It is immutable once parsed, so what is derived from it is computed once
+/// per instance: its canonical text, and the device key it verified under
+/// (local delivery checks the envelope that `message.send` just checked).
+#[derive(Clone, Debug)]
 pub struct MessageEnvelope {
     raw: Object,
     sig: [u8; 64],
+    text: OnceCell<String>,
+    verified_under: Cell<Option<[u8; 32]>>,
     pub network: String,
     pub message_id: String,
     pub from: AccountId,
@@ -68,6 +75,16 @@ impl MessageEnvelope {
             body_expires_at: f.opt_int("body_expires_at")?,
             sig: f.sig()?,
             raw,
+            text: OnceCell::new(),
+            verified_under: Cell::new(None),
+        })
+    }
+
+    /// The canonical form as text, computed once.
+    pub fn canonical_text(&self) -> &str {
+        self.text.get_or_init(|| {
+            // Canonical output is built from UTF-8 strings and ASCII punctuation only.
+            String::from_utf8(super::canonical::object_to_vec(&self.raw)).unwrap_or_default()
         })
     }
 
@@ -76,8 +93,23 @@ impl MessageEnvelope {
         if cert.account != self.from || cert.device_id != self.from_device_id {
             return Err(EnvelopeError::CertificateMismatch);
         }
-        self.verify_signature(&cert.device_key)
-            .map_err(EnvelopeError::Signature)
+        if self.verified_under.get() == Some(cert.device_key) {
+            return Ok(());
+        }
+        // Not through the memory of verified signatures: an envelope is
+        // verified once per acceptance (a repeated delivery is answered from
+        // its receipt first), so remembering it would only cost a hash.
+        signature::verify_fresh(&cert.device_key, &self.signing_input(), &self.sig)
+            .map_err(EnvelopeError::Signature)?;
+        self.verified_under.set(Some(cert.device_key));
+        Ok(())
+    }
+}
+
+impl PartialEq for MessageEnvelope {
+    fn eq(&self, other: &MessageEnvelope) -> bool {
+        // What was derived is not part of the value.
+        self.raw == other.raw
     }
 }
 
@@ -88,5 +120,8 @@ impl SignedObject for MessageEnvelope {
     }
     fn sig(&self) -> &[u8; 64] {
         &self.sig
+    }
+    fn canonical(&self) -> Vec<u8> {
+        self.canonical_text().as_bytes().to_vec()
     }
 }
