@@ -4,64 +4,52 @@
 // synchronous. Keys are compared as bytes.
 
 import Database from 'better-sqlite3';
+import SortedBTree from 'sorted-btree';
 import fs from 'node:fs';
 import path from 'node:path';
+
+// sorted-btree is CommonJS with an ES-style default export.
+const BTree = SortedBTree.default ?? SortedBTree;
 
 /** Byte-wise comparison of two Uint8Arrays. */
 function compare(a, b) {
   return Buffer.compare(Buffer.from(a.buffer, a.byteOffset, a.byteLength), Buffer.from(b.buffer, b.byteOffset, b.byteLength));
 }
 
-/** In-memory storage: a sorted key array plus a map, for tests and embedding. */
+/** A key as a string whose UTF-16 code units are its bytes: string order is byte order. */
+function id(key) {
+  return Buffer.from(key.buffer, key.byteOffset, key.byteLength).toString('latin1');
+}
+
+/** In-memory storage: an ordered B+ tree (sorted-btree) keyed by the key's bytes, for tests and embedding. */
 export class MemoryStorage {
   constructor() {
-    /** @type {Buffer[]} */
-    this.keys = [];
-    /** @type {Map<string, Uint8Array>} */
-    this.values = new Map();
-  }
-  #find(key) {
-    let lo = 0;
-    let hi = this.keys.length;
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if (compare(this.keys[mid], key) < 0) lo = mid + 1;
-      else hi = mid;
-    }
-    return lo;
+    /** @type {BTree<string, Uint8Array>} */
+    this.tree = new BTree();
   }
   get(key) {
-    return this.values.get(Buffer.from(key).toString('latin1')) ?? null;
+    return this.tree.get(id(key)) ?? null;
   }
   scan(start, end, limit) {
     const out = [];
-    for (let i = this.#find(start); i < this.keys.length && out.length < limit; i++) {
-      const k = this.keys[i];
-      if (compare(k, end) >= 0) break;
-      out.push([k, this.values.get(k.toString('latin1'))]);
-    }
+    const hi = id(end);
+    if (limit <= 0) return out;
+    this.tree.forRange(id(start), hi, false, (k, v) => {
+      out.push([Buffer.from(k, 'latin1'), v]);
+      if (out.length >= limit) return { break: true };
+      return undefined;
+    });
     return out;
   }
   commit(writes) {
     for (const [key, value] of writes) {
-      const k = Buffer.from(key);
-      const id = k.toString('latin1');
-      const at = this.#find(k);
-      const present = at < this.keys.length && compare(this.keys[at], k) === 0;
-      if (value === null) {
-        if (present) {
-          this.keys.splice(at, 1);
-          this.values.delete(id);
-        }
-      } else {
-        if (!present) this.keys.splice(at, 0, k);
-        this.values.set(id, Buffer.from(value));
-      }
+      if (value === null) this.tree.delete(id(key));
+      else this.tree.set(id(key), Buffer.from(value));
     }
   }
   /** Number of keys. */
   get size() {
-    return this.keys.length;
+    return this.tree.size;
   }
 }
 
