@@ -22,6 +22,10 @@ pub enum As<'a> {
 pub trait Target {
     /// Calls `method`; the HTTP status and the body.
     fn call(&mut self, caller: As<'_>, method: &str, params: &[u8]) -> (u16, Vec<u8>);
+    /// Wasm fuel spent so far, where the target counts it.
+    fn fuel(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The configuration every in-process relay runs with: no rate limits (the bench measures throughput).
@@ -118,6 +122,9 @@ impl Target for Wasm {
         let r = self.0.call(&c, method, params, now_ms());
         (r.status, r.body)
     }
+    fn fuel(&self) -> Option<u64> {
+        Some(self.0.fuel_spent)
+    }
 }
 
 /// Opens a fresh SQLite store at `path`.
@@ -154,6 +161,8 @@ pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec
         anyhow::ensure!(s == 200, "session.open: {}", String::from_utf8_lossy(&b));
         tokens.push(fixture::token(&b).ok_or_else(|| anyhow::anyhow!("no session"))?);
     }
+    let spent = |t: &dyn Target, since: Option<u64>| Some(t.fuel()? - since?);
+    let fuel = t.fuel();
     let started = Instant::now();
     let send = timed(fx.sends.len(), |i| {
         let (s, params) = &fx.sends[i];
@@ -166,6 +175,8 @@ pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec
         Ok(())
     })?;
     let send_wall = started.elapsed();
+    let send_fuel = spent(t, fuel);
+    let fuel = t.fuel();
     let started = Instant::now();
     let deliver = timed(fx.delivers.len(), |i| {
         let (st, b) = t.call(As::Relay(PEER_RELAY), "message.deliver", &fx.delivers[i]);
@@ -177,6 +188,8 @@ pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec
         Ok(())
     })?;
     let deliver_wall = started.elapsed();
+    let deliver_fuel = spent(t, fuel);
+    let fuel = t.fuel();
     let total = (fx.sends.len() + fx.delivers.len()) as u64;
     let recipient = &tokens[fx.recipient()];
     let started = Instant::now();
@@ -196,10 +209,11 @@ pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec
         Ok(())
     })?;
     let sync_wall = started.elapsed();
+    let sync_fuel = spent(t, fuel);
     Ok(vec![
-        Sample::new("message.send", send, send_wall),
-        Sample::new("message.deliver", deliver, deliver_wall),
-        Sample::new("message.timeline.sync (50)", sync, sync_wall),
+        Sample::new("message.send", send, send_wall).with_fuel(send_fuel),
+        Sample::new("message.deliver", deliver, deliver_wall).with_fuel(deliver_fuel),
+        Sample::new("message.timeline.sync (50)", sync, sync_wall).with_fuel(sync_fuel),
     ])
 }
 

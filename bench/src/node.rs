@@ -39,6 +39,7 @@ pub fn run(
                 per_s: f("per_s"),
                 p50_ms: f("p50_ms"),
                 p99_ms: f("p99_ms"),
+                fuel_per_op: None,
             },
         ));
     }

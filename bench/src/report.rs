@@ -11,6 +11,8 @@ pub struct Sample {
     pub per_s: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// Wasm fuel spent per operation (wasmtime rows): the core's work, free of timing noise.
+    pub fuel_per_op: Option<u64>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -31,7 +33,14 @@ impl Sample {
             per_s: lat.len() as f64 / wall.as_secs_f64().max(1e-9),
             p50_ms: percentile(&lat, 0.5),
             p99_ms: percentile(&lat, 0.99),
+            fuel_per_op: None,
         }
+    }
+
+    /// The sample with the fuel its `n` operations spent.
+    pub fn with_fuel(mut self, spent: Option<u64>) -> Sample {
+        self.fuel_per_op = spent.map(|f| f / self.n.max(1) as u64);
+        self
     }
 }
 
@@ -100,12 +109,21 @@ impl Report {
     pub fn table(&self) -> String {
         let mut out = String::new();
         out.push_str(&format!(
-            "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10} {:>9} {:>9} {:>7}\n",
-            "setup", "storage", "operation", "conc", "n", "op/s", "p50 ms", "p99 ms", "x nat"
+            "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10} {:>9} {:>9} {:>7} {:>8}\n",
+            "setup",
+            "storage",
+            "operation",
+            "conc",
+            "n",
+            "op/s",
+            "p50 ms",
+            "p99 ms",
+            "x nat",
+            "fuel/op"
         ));
         for r in &self.rows {
             out.push_str(&format!(
-                "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10.0} {:>9.3} {:>9.3} {:>7}\n",
+                "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10.0} {:>9.3} {:>9.3} {:>7} {:>8}\n",
                 r.setup,
                 r.storage,
                 r.sample.op,
@@ -114,7 +132,10 @@ impl Report {
                 r.sample.per_s,
                 r.sample.p50_ms,
                 r.sample.p99_ms,
-                r.ratio().map_or("-".to_string(), |x| format!("{x:.2}"))
+                r.ratio().map_or("-".to_string(), |x| format!("{x:.2}")),
+                r.sample
+                    .fuel_per_op
+                    .map_or("-".to_string(), |f| format!("{:.2}M", f as f64 / 1e6))
             ));
         }
         for r in self.rows.iter().filter(|r| !r.note.is_empty()) {
@@ -145,6 +166,7 @@ impl Report {
                     "p50_ms": r.sample.p50_ms,
                     "p99_ms": r.sample.p99_ms,
                     "ratio_to_native": r.ratio(),
+                    "wasm_fuel_per_op": r.sample.fuel_per_op,
                     "note": r.note,
                 })
             })
