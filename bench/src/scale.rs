@@ -24,8 +24,12 @@ const CHUNK: usize = 5_000;
 
 /// Sizes of one scale run.
 pub struct Scale {
+    /// The small timeline, and the few pending deliveries.
     pub small: usize,
+    /// The large timeline (`--scale-large`).
     pub large: usize,
+    /// The many pending deliveries of the tick check.
+    pub pending: usize,
 }
 
 /// A grouped SQLite store shared with the bench (the engine owns its store).
@@ -120,7 +124,15 @@ fn timeline(rep: &mut Report, sc: &Scale, component: &Path, db: &Path) -> anyhow
     );
     let rss_small = inproc::rss_kib();
     let started = Instant::now();
-    load_timeline(&mut w, &mut fx, &tokens, &mut have, sc.large)?;
+    // RSS along the way: flat means nothing grows with the accepted messages.
+    let step = (sc.large / 10).max(1);
+    let mut along = vec![(have, rss_small)];
+    while have < sc.large {
+        let until = (have + step).min(sc.large);
+        load_timeline(&mut w, &mut fx, &tokens, &mut have, until)?;
+        along.push((have, inproc::rss_kib()));
+        eprintln!("  loaded {have}, rss {} KiB", inproc::rss_kib());
+    }
     let load = started.elapsed();
     let rss_large = inproc::rss_kib();
     rep.add(
@@ -135,6 +147,10 @@ fn timeline(rep: &mut Report, sc: &Scale, component: &Path, db: &Path) -> anyhow
             sc.small
         ),
         serde_json::json!([rss_small, rss_large]),
+    ));
+    rep.extra.push((
+        "scale: bench process RSS KiB along the load, [accepted, KiB]".to_string(),
+        serde_json::json!(along),
     ));
     rep.extra.push((
         format!(
@@ -178,7 +194,7 @@ fn ticks(rep: &mut Report, sc: &Scale, db: &Path) -> anyhow::Result<()> {
                 ),
             );
         };
-    for until in [sc.small, sc.large] {
+    for until in [sc.small, sc.pending] {
         while pending < until {
             let sends = fx.more_sends(CHUNK.min(until - pending), Some("http://127.0.0.3:1"));
             for group in sends.chunks(GROUP) {
@@ -226,7 +242,7 @@ fn ticks(rep: &mut Report, sc: &Scale, db: &Path) -> anyhow::Result<()> {
 pub fn run(rep: &mut Report, sc: &Scale, component: &Path, scratch: &Path) -> anyhow::Result<()> {
     eprintln!("scale: timeline {} and {} records", sc.small, sc.large);
     timeline(rep, sc, component, &scratch.join("scale-timeline.sqlite"))?;
-    eprintln!("scale: ticks with {} and {} pending", sc.small, sc.large);
+    eprintln!("scale: ticks with {} and {} pending", sc.small, sc.pending);
     ticks(rep, sc, &scratch.join("scale-ticks.sqlite"))?;
     Ok(())
 }
