@@ -179,7 +179,15 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|i| args.get(i + 1))
         .map(|s| s.split(',').map(str::to_string).collect())
         .unwrap_or_default();
-    let sz = Sizes::new(quick);
+    let mut sz = Sizes::new(quick);
+    // `--concurrency 32,128`: only these HTTP levels (for profiling one).
+    if let Some(list) = args
+        .iter()
+        .position(|a| a == "--concurrency")
+        .and_then(|i| args.get(i + 1))
+    {
+        sz.concurrencies = list.split(',').filter_map(|c| c.parse().ok()).collect();
+    }
     let out = target_dir().join("bench");
     let scratch = out.join("scratch");
     let _ = std::fs::remove_dir_all(&scratch);

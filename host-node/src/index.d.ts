@@ -21,7 +21,8 @@ export class MemoryStorage implements Storage {
 }
 
 export class SqliteStorage implements Storage {
-  constructor(file: string);
+  /** `exclusive` (default true): hold the database's lock while open, so a second relay on it fails. */
+  constructor(file: string, opts?: { exclusive?: boolean });
   get(key: Uint8Array): Uint8Array | null;
   scan(start: Uint8Array, end: Uint8Array, limit: number): Array<[Uint8Array, Uint8Array]>;
   commit(writes: Array<[Uint8Array, Uint8Array | null]>): void;

@@ -62,12 +62,30 @@ export class MemoryStorage {
  * dropped: the whole group is undone, and its callers must answer that nothing was accepted.
  */
 export class SqliteStorage {
-  /** @param {string} file */
-  constructor(file) {
+  /**
+   * @param {string} file
+   * @param {{exclusive?: boolean}} [opts] exclusive (the default): hold the database lock while open
+   */
+  constructor(file, { exclusive = true } = {}) {
     fs.mkdirSync(path.dirname(file), { recursive: true });
-    this.db = new Database(file);
-    this.db.pragma('journal_mode = WAL');
-    this.db.pragma('synchronous = FULL');
+    // A relay that holds the database keeps it: waiting long for it only delays the error.
+    this.db = new Database(file, { timeout: 1000 });
+    try {
+      // The relay is the database's only user (as in the wasmtime host): no lock calls per
+      // read, the WAL index in the heap (set before WAL mode is entered), a second relay on
+      // the same directory fails at start instead of interleaving, and reads go through a
+      // memory map.
+      if (exclusive) this.db.pragma('locking_mode = EXCLUSIVE');
+      this.db.pragma('journal_mode = WAL');
+      this.db.pragma('synchronous = FULL');
+      this.db.pragma(`mmap_size = ${256 * 1024 * 1024}`);
+      // Take the lock now, not at the first write.
+      if (exclusive) this.db.exec('BEGIN EXCLUSIVE; COMMIT;');
+    } catch (e) {
+      this.db.close();
+      if (e.code === 'SQLITE_BUSY' || e.code === 'SQLITE_LOCKED') throw new Error(`${file}: ${e.message} (is another relay using it?)`);
+      throw e;
+    }
     this.db.exec('CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID');
     this.getStmt = this.db.prepare('SELECT v FROM kv WHERE k = ?').pluck();
     this.scanStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?').raw();

@@ -47,6 +47,16 @@ test('embedding API with SQLite (better-sqlite3), surviving a reopen', async () 
   fs.rmSync(dir, { recursive: true });
 });
 
+test('a second relay on the same data directory is refused while the first runs', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-node-'));
+  const first = await createRelay({ relay: 'http://127.0.0.1:1', data: dir });
+  await assert.rejects(createRelay({ relay: 'http://127.0.0.1:1', data: dir }), /another relay/);
+  await first.close();
+  const again = await createRelay({ relay: 'http://127.0.0.1:1', data: dir });
+  await again.close();
+  fs.rmSync(dir, { recursive: true });
+});
+
 test('embedding API with a custom storage object', async () => {
   const inner = new MemoryStorage();
   let commits = 0;

@@ -5,6 +5,9 @@ use relay_core::engine::{MemoryStore, Storage, StorageError};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 
+/// Bytes of the database file read through a memory map.
+const MMAP_SIZE: i64 = 256 << 20;
+
 /// SQLite key-value storage: one table, one transaction per commit, durable before it returns.
 pub struct SqliteStore {
     conn: Connection,
@@ -18,16 +21,38 @@ impl SqliteStore {
     /// Opens (or creates) the database at `path`.
     pub fn open(path: &Path) -> Result<SqliteStore, StorageError> {
         let conn = Connection::open(path).map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
+        // A relay that holds the database keeps it: waiting long for it only delays the error.
+        conn.busy_timeout(std::time::Duration::from_secs(1))
             .map_err(err)?;
-        // An answer that says accepted must survive power loss: fsync on every commit.
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(err)?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID;",
-        )
-        .map_err(err)?;
+        Self::setup(&conn).map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                StorageError(format!(
+                    "{}: {e} (is another relay using it?)",
+                    path.display()
+                ))
+            }
+            _ => err(e),
+        })?;
         Ok(SqliteStore { conn })
+    }
+
+    fn setup(conn: &Connection) -> rusqlite::Result<()> {
+        // The relay is the database's only user: holding the lock for the connection's
+        // life spares two fcntl calls per read, keeps the WAL index in the heap (set
+        // before WAL mode is entered), and makes a second relay on the same data
+        // directory fail at start instead of interleaving. Reads through a memory map
+        // spare a pread per page missed in SQLite's cache. Together +20-30% HTTP sends
+        // per second (docs/performance.md).
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // An answer that says accepted must survive power loss: fsync on every commit.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
+        // Take the lock now, not at the first write.
+        conn.execute_batch(
+            "BEGIN EXCLUSIVE; COMMIT;
+             CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID;",
+        )
     }
 }
 
@@ -100,5 +125,26 @@ impl Storage for AnyStore {
             AnyStore::Sqlite(s) => s.commit(batch),
             AnyStore::Memory(s) => s.commit(batch),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_store_on_the_same_database_is_refused() {
+        let dir = std::env::temp_dir().join(format!("relay-store-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("relay.sqlite");
+        let _first = SqliteStore::open(&file).expect("first open");
+        let second = SqliteStore::open(&file);
+        let Err(e) = second else {
+            panic!("a second store opened the same database");
+        };
+        assert!(e.0.contains("another relay"), "{}", e.0);
+        drop(_first);
+        SqliteStore::open(&file).expect("open again once the first is closed");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
