@@ -72,12 +72,9 @@ impl Host {
         Host::start(cmd, dir).await
     }
 
-    /// The resident set size of the host process, in KiB.
+    /// The anonymous resident memory of the host process, in KiB.
     pub fn rss_kib(&self) -> Option<u64> {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        s.lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        crate::inproc::anon_kib(&self.child.id().to_string())
     }
 
     /// Stops the process and removes its data.

@@ -224,14 +224,17 @@ impl Wasm {
     }
 }
 
-/// The process's resident set size, in KiB.
+/// This process's anonymous resident memory, in KiB.
 pub fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    anon_kib("self").unwrap_or(0)
+}
+
+/// Anonymous resident memory (`RssAnon`) of process `pid`, in KiB: the heap, stacks and
+/// wasm memory, not file pages such as SQLite's memory map, which the kernel reclaims at will.
+pub fn anon_kib(pid: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }

@@ -161,7 +161,7 @@ async fn http(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> 
             }
         }
         rep.extra.push((
-            format!("{name} rss KiB before/after {n} sends"),
+            format!("{name} anonymous RSS KiB before/after {n} sends"),
             serde_json::json!([rss_before, rss_after]),
         ));
     }

@@ -131,7 +131,7 @@ fn timeline(rep: &mut Report, sc: &Scale, component: &Path, db: &Path) -> anyhow
         let until = (have + step).min(sc.large);
         load_timeline(&mut w, &mut fx, &tokens, &mut have, until)?;
         along.push((have, inproc::rss_kib()));
-        eprintln!("  loaded {have}, rss {} KiB", inproc::rss_kib());
+        eprintln!("  loaded {have}, anonymous rss {} KiB", inproc::rss_kib());
     }
     let load = started.elapsed();
     let rss_large = inproc::rss_kib();
@@ -143,13 +143,13 @@ fn timeline(rep: &mut Report, sc: &Scale, component: &Path, db: &Path) -> anyhow
     );
     rep.extra.push((
         format!(
-            "scale: bench process RSS KiB with the component at {} and {have} accepted messages",
+            "scale: bench process anonymous RSS KiB with the component at {} and {have} accepted messages",
             sc.small
         ),
         serde_json::json!([rss_small, rss_large]),
     ));
     rep.extra.push((
-        "scale: bench process RSS KiB along the load, [accepted, KiB]".to_string(),
+        "scale: bench process anonymous RSS KiB along the load, [accepted, KiB]".to_string(),
         serde_json::json!(along),
     ));
     rep.extra.push((
