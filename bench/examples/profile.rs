@@ -1,0 +1,181 @@
+//! Profiling aids for one operation at a time (not part of `./x bench`).
+//!
+//! `cargo run --release -p relay-bench --example profile -- calls` prints every storage
+//! call of one message.send (local delivery) and one message.deliver on the native engine.
+//! `cargo run --release -p relay-bench --example profile -- component N` runs N sends and N
+//! delivers through the component (`WASM=path` to pick one) and prints µs and fuel per
+//! operation; under `RELAY_PERFMAP=1 perf record` the wasm functions have names.
+
+#[path = "../src/fixture.rs"]
+#[allow(dead_code)]
+mod fixture;
+
+use relay_core::engine::storage::{Entry, Write};
+use relay_core::engine::{Caller, Config, Engine, Entropy, MemoryStore, Storage, StorageError};
+use relay_core::wire::identity::RelayId;
+use relay_host_wasmtime::guest::{self, Core};
+use relay_host_wasmtime::now_ms;
+use relay_host_wasmtime::store::AnyStore;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Instant;
+
+fn config() -> Config {
+    let mut cfg = Config::new(
+        RelayId::parse(fixture::INPROC_RELAY).expect("relay id"),
+        fixture::NET,
+    );
+    cfg.policies.send_rate = 0;
+    cfg.policies.deliver_rate = 0;
+    cfg.policies.deliver_rate_per_account = 0;
+    cfg
+}
+
+/// A memory store that logs its calls while `on`.
+struct Logged {
+    inner: MemoryStore,
+    on: Rc<Cell<bool>>,
+    log: Rc<RefCell<Vec<String>>>,
+}
+
+impl Logged {
+    fn note(&self, line: String) {
+        if self.on.get() {
+            self.log.borrow_mut().push(line);
+        }
+    }
+}
+
+impl Storage for Logged {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        let r = self.inner.get(key)?;
+        let len = r.as_ref().map_or(0, Vec::len);
+        self.note(format!(
+            "get {} -> {len} bytes",
+            String::from_utf8_lossy(key)
+        ));
+        Ok(r)
+    }
+    fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>, StorageError> {
+        let r = self.inner.scan(start, end, limit)?;
+        self.note(format!(
+            "scan {}.. limit {limit} -> {} rows",
+            String::from_utf8_lossy(start),
+            r.len()
+        ));
+        Ok(r)
+    }
+    fn commit(&mut self, batch: Vec<Write>) -> Result<(), StorageError> {
+        self.note(format!("commit {} writes", batch.len()));
+        self.inner.commit(batch)
+    }
+}
+
+struct Counter(u64);
+
+impl Entropy for Counter {
+    fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1);
+            *b = (self.0 >> 33) as u8;
+        }
+    }
+}
+
+fn calls() {
+    let fx = fixture::build(fixture::INPROC_RELAY, 8, 1, 1);
+    let on = Rc::new(Cell::new(false));
+    let log = Rc::new(RefCell::new(Vec::new()));
+    let store = Logged {
+        inner: MemoryStore::new(),
+        on: on.clone(),
+        log: log.clone(),
+    };
+    let mut e = Engine::new(config(), store, Counter(1));
+    let now = now_ms();
+    let mut tokens = Vec::new();
+    for a in &fx.accounts {
+        e.call(&Caller::Anonymous, "account.register", &a.register, now);
+        let r = e.call(&Caller::Anonymous, "session.open", &a.session_open, now);
+        tokens.push(fixture::token(&r.body()).expect("session"));
+    }
+    for (i, (s, p)) in fx.sends.iter().enumerate() {
+        // The last send is logged, after the others warmed every record it touches.
+        on.set(i + 1 == fx.sends.len());
+        let r = e.call(&Caller::Session(tokens[*s].clone()), "message.send", p, now);
+        assert_eq!(r.http_status(), 200);
+    }
+    println!("message.send with local delivery:");
+    for l in log.borrow_mut().drain(..) {
+        println!("  {l}");
+    }
+    let peer = Caller::Relay(RelayId::parse(fixture::PEER_RELAY).expect("peer"));
+    let r = e.call(&peer, "message.deliver", &fx.delivers[0], now);
+    assert_eq!(r.http_status(), 200);
+    on.set(false);
+    println!("message.deliver:");
+    for l in log.borrow().iter() {
+        println!("  {l}");
+    }
+}
+
+fn component(n: usize) {
+    let fx = fixture::build(fixture::INPROC_RELAY, n, n, 1);
+    let path = std::env::var("WASM").unwrap_or_else(|_| "target/component/relay_core.wasm".into());
+    let engine = guest::wasm_engine().expect("engine");
+    let cfg = String::from_utf8(config().to_json()).expect("config");
+    let store = AnyStore::Memory(MemoryStore::new());
+    let mut core = Core::load(&engine, std::path::Path::new(&path), store, cfg, [7u8; 32])
+        .unwrap_or_else(|e| panic!("{path}: {e:#}"));
+    let now = now_ms();
+    let mut tokens = Vec::new();
+    for a in &fx.accounts {
+        core.call(
+            &guest::Caller::Anonymous,
+            "account.register",
+            &a.register,
+            now,
+        );
+        let r = core.call(
+            &guest::Caller::Anonymous,
+            "session.open",
+            &a.session_open,
+            now,
+        );
+        tokens.push(fixture::token(&r.body).expect("session"));
+    }
+    let (f0, t) = (core.fuel_spent, Instant::now());
+    for (s, p) in &fx.sends {
+        let r = core.call(
+            &guest::Caller::Session(tokens[*s].clone()),
+            "message.send",
+            p,
+            now,
+        );
+        assert_eq!(r.status, 200);
+    }
+    let (send, f1, t) = (t.elapsed(), core.fuel_spent, Instant::now());
+    for p in &fx.delivers {
+        let peer = guest::Caller::Relay(fixture::PEER_RELAY.into());
+        let r = core.call(&peer, "message.deliver", p, now);
+        assert_eq!(r.status, 200);
+    }
+    let (deliver, f2) = (t.elapsed(), core.fuel_spent);
+    let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64;
+    println!(
+        "message.send {:.1} µs, {} fuel; message.deliver {:.1} µs, {} fuel (per operation, {path})",
+        per(send),
+        (f1 - f0) / n as u64,
+        per(deliver),
+        (f2 - f1) / n as u64
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("calls") => calls(),
+        Some("component") => component(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(2000)),
+        _ => eprintln!("usage: profile calls | profile component [N]"),
+    }
+}
