@@ -18,6 +18,7 @@ mod guest {
         self, Caller, Config, Effect, Engine, Entropy, Outcome, PeerMethod, Response,
     };
     use relay_core::engine::{Storage, StorageError};
+    use relay_core::wire::digest;
     use relay_core::wire::identity::RelayId;
     use relay_core::wire::relay_request::{self, RelayHeaders};
     use relay_core::wire::signature::{self, SignatureError};
@@ -62,6 +63,16 @@ mod guest {
             host::Verdict::Mismatch => Some(Err(SignatureError::Mismatch)),
             host::Verdict::Declined => None,
         }
+    }
+
+    /// The host's native SHA-256, through the `host` import; `None` (declined) falls back to the core's own.
+    fn host_sha256(data: &[u8]) -> Option<[u8; 32]> {
+        let (a, b, c, d) = host::sha256(data)?;
+        let mut out = [0u8; 32];
+        for (chunk, word) in out.chunks_exact_mut(8).zip([a, b, c, d]) {
+            chunk.copy_from_slice(&word.to_be_bytes());
+        }
+        Some(out)
     }
 
     /// The host's CSPRNG, through the `host` import.
@@ -189,6 +200,7 @@ mod guest {
                 .map_err(|_| "relay seed must be 32 bytes".to_string())?;
             let engine = Engine::new(config, HostStorage, HostEntropy);
             signature::set_verifier(Some(host_verify));
+            digest::set_hasher(Some(host_sha256));
             STATE.with(|s| *s.borrow_mut() = Some(State { engine, seed }));
             host::log(host::Level::Info, "relay core component initialized");
             Ok(())

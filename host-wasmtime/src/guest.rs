@@ -23,6 +23,8 @@ pub struct HostState {
     limits: StoreLimits,
     /// Decline every verification, so the core uses its own (`RELAY_OWN_VERIFY=1`, for measuring).
     own_verify: bool,
+    /// Decline every SHA-256, so the core hashes itself (`RELAY_OWN_SHA256=1`, for measuring).
+    own_sha256: bool,
 }
 
 impl host::Host for HostState {
@@ -68,6 +70,12 @@ impl host::Host for HostState {
         }
         native_verdict(&key, &message, &signature)
     }
+    fn sha256(&mut self, data: Vec<u8>) -> Option<(u64, u64, u64, u64)> {
+        if self.own_sha256 {
+            return None;
+        }
+        Some(native_sha256(&data))
+    }
     fn entropy(&mut self, len: u32) -> Vec<u8> {
         let mut buf = vec![0u8; len.min(4096) as usize];
         // The OS CSPRNG failing is not recoverable; an all-zero token would be worse than a trap.
@@ -77,6 +85,17 @@ impl host::Host for HostState {
 }
 
 impl relay::core::types::Host for HostState {}
+
+/// SHA-256 natively (sha2, with the CPU's SHA instructions where present), as the import returns it.
+pub fn native_sha256(data: &[u8]) -> (u64, u64, u64, u64) {
+    let d = relay_core::wire::digest::sha256_own(data);
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&d[i * 8..i * 8 + 8]);
+        u64::from_be_bytes(w)
+    };
+    (word(0), word(1), word(2), word(3))
+}
 
 /// The host's verdict on a signature: the core's own strict verification, compiled natively.
 pub fn native_verdict(key: &[u8], message: &[u8], signature: &[u8]) -> host::Verdict {
@@ -135,13 +154,15 @@ fn instantiate(
         .instances(16)
         .trap_on_grow_failure(true)
         .build();
-    let own_verify = std::env::var_os("RELAY_OWN_VERIFY").is_some_and(|v| v == "1");
+    let flag = |name: &str| std::env::var_os(name).is_some_and(|v| v == "1");
+    let (own_verify, own_sha256) = (flag("RELAY_OWN_VERIFY"), flag("RELAY_OWN_SHA256"));
     let mut s = Store::new(
         engine,
         HostState {
             store,
             limits,
             own_verify,
+            own_sha256,
         },
     );
     s.limiter(|h| &mut h.limits);

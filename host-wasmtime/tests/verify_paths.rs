@@ -1,8 +1,10 @@
 //! The host's native verification (the `verify-ed25519` import) and the core's own give the
-//! same verdict, error kind included, on every external Ed25519 vector.
+//! same verdict, error kind included, on every external Ed25519 vector; the host's SHA-256
+//! (the `sha256` import) gives the core's digest.
 
+use relay_core::wire::digest::{sha256_own, HOST_MIN_LEN};
 use relay_core::wire::signature::{verify_own, SignatureError};
-use relay_host_wasmtime::guest::{native_verdict, Verdict};
+use relay_host_wasmtime::guest::{native_sha256, native_verdict, Verdict};
 use std::path::PathBuf;
 
 fn vectors() -> PathBuf {
@@ -75,5 +77,30 @@ fn rfc8032_through_both_paths() {
         let mut bad = msg.clone();
         bad.push(0);
         assert!(!same_verdict(&pk, &bad, &sig, name), "{name}: altered");
+    }
+}
+
+/// The import's four big-endian words, as the component reassembles them.
+fn words_to_bytes((a, b, c, d): (u64, u64, u64, u64)) -> Vec<u8> {
+    [a, b, c, d].iter().flat_map(|w| w.to_be_bytes()).collect()
+}
+
+#[test]
+fn sha256_through_the_host_is_the_cores() {
+    // FIPS 180-2, appendix B.1.
+    assert_eq!(
+        words_to_bytes(native_sha256(b"abc")),
+        hex("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+    );
+    let data: Vec<u8> = (0..4 * HOST_MIN_LEN as u32)
+        .map(|i| (i * 31 % 251) as u8)
+        .collect();
+    for len in 0..data.len() {
+        let d = &data[..len];
+        assert_eq!(
+            words_to_bytes(native_sha256(d)),
+            sha256_own(d).to_vec(),
+            "length {len}"
+        );
     }
 }

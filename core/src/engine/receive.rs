@@ -20,7 +20,6 @@ use crate::wire::json::{Object, Value};
 use crate::wire::key_box::parse_boxes;
 use crate::wire::signature::SignedObject;
 use crate::{Error, ErrorCode};
-use sha2::{Digest, Sha256};
 
 /// The logical request hash: base64url(sha256(JCS(params))).
 pub(crate) fn params_hash(p: &Object) -> String {
@@ -29,7 +28,7 @@ pub(crate) fn params_hash(p: &Object) -> String {
 
 /// The params hash of params whose canonical form is `jcs`.
 pub(crate) fn canonical_hash(jcs: &[u8]) -> String {
-    base64url::encode(&Sha256::digest(jcs))
+    base64url::encode(&crate::wire::digest::sha256(jcs))
 }
 
 /// message.deliver params, parsed to the depth needed for the logical key.

@@ -10,7 +10,6 @@ use crate::wire::json::{Object, Value};
 use crate::wire::session_open::SessionOpen;
 use crate::wire::signature::SignedObject;
 use crate::{Error, ErrorCode};
-use sha2::{Digest, Sha256};
 
 /// An authenticated session: the device and the permissions of its registered certificate.
 pub(crate) struct Session {
@@ -29,7 +28,7 @@ pub(crate) enum Need {
 }
 
 fn token_hash(token: &str) -> String {
-    base64url::encode(&Sha256::digest(token.as_bytes()))
+    base64url::encode(&crate::wire::digest::sha256(token.as_bytes()))
 }
 
 fn unauthenticated(why: &str) -> Error {

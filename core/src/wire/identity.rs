@@ -2,7 +2,6 @@
 
 use super::base64url;
 use super::field::{FieldError, Fields, Problem};
-use sha2::{Digest, Sha256};
 use std::fmt;
 
 /// An account: base64url of its 32-byte Ed25519 public key (43 characters).
@@ -51,7 +50,7 @@ pub struct DeviceId {
 impl DeviceId {
     /// The id bound to a device signing key (identity binding).
     pub fn derive(device_key: &[u8; 32]) -> DeviceId {
-        let digest = Sha256::digest(device_key);
+        let digest = super::digest::sha256(device_key);
         let mut bytes = [0u8; 16];
         bytes.copy_from_slice(&digest[..16]);
         DeviceId {

@@ -11,7 +11,6 @@ use super::json::{Object, Value};
 use super::signature::{signing_input, verify_strict};
 use crate::{Error, ErrorCode};
 use ed25519_dalek::{Signer, SigningKey};
-use sha2::{Digest, Sha256};
 
 /// The headers of a relay request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,7 +55,10 @@ pub fn signed_object(
     o.insert("to", to);
     o.insert("ts", ts);
     o.insert("nonce", nonce);
-    o.insert("body_sha256", base64url::encode(&Sha256::digest(body)));
+    o.insert(
+        "body_sha256",
+        base64url::encode(&super::digest::sha256(body)),
+    );
     o
 }
 

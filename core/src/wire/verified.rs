@@ -12,7 +12,6 @@
 //! is dropped, and a hit in the old one moves back to the young one, so hot
 //! entries (a sender's certificate) stay while the total stays bounded.
 
-use sha2::{Digest, Sha256};
 use std::cell::RefCell;
 use std::collections::HashSet;
 
@@ -34,12 +33,12 @@ thread_local! {
 
 /// The cache key of a verification.
 pub fn key(public_key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Key {
-    let mut h = Sha256::new();
-    h.update(public_key);
-    h.update(sig);
-    h.update((msg.len() as u64).to_be_bytes());
-    h.update(msg);
-    h.finalize().into()
+    let mut input = Vec::with_capacity(32 + 64 + 8 + msg.len());
+    input.extend_from_slice(public_key);
+    input.extend_from_slice(sig);
+    input.extend_from_slice(&(msg.len() as u64).to_be_bytes());
+    input.extend_from_slice(msg);
+    super::digest::sha256(&input)
 }
 
 /// Whether this verification succeeded before (and is still remembered).
