@@ -189,8 +189,20 @@ async fn main() -> anyhow::Result<()> {
         sz.concurrencies = list.split(',').filter_map(|c| c.parse().ok()).collect();
     }
     let out = target_dir().join("bench");
-    let scratch = out.join("scratch");
-    let _ = std::fs::remove_dir_all(&scratch);
+    // One scratch directory per run, so two runs never remove each other's databases;
+    // those of runs no longer alive (stopped before cleaning up) are removed.
+    let scratches = out.join("scratch");
+    for e in std::fs::read_dir(&scratches)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name();
+        if !Path::new("/proc").join(&name).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let scratch = scratches.join(std::process::id().to_string());
     std::fs::create_dir_all(&scratch)?;
     let load_before = load_average();
     let started = std::time::Instant::now();
