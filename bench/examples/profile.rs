@@ -6,12 +6,19 @@
 //! delivers through the component (`WASM=path` to pick one) and prints µs and fuel per
 //! operation; under `RELAY_PERFMAP=1 perf record` the wasm functions have names.
 
+// The bench's own fixture, configuration and targets, shared with `./x bench`.
 #[path = "../src/fixture.rs"]
 #[allow(dead_code)]
 mod fixture;
+#[path = "../src/inproc.rs"]
+#[allow(dead_code)]
+mod inproc;
+#[path = "../src/report.rs"]
+#[allow(dead_code)]
+mod report;
 
 use relay_core::engine::storage::{Entry, Write};
-use relay_core::engine::{Caller, Config, Engine, Entropy, MemoryStore, Storage, StorageError};
+use relay_core::engine::{Caller, Engine, MemoryStore, Storage, StorageError};
 use relay_core::wire::identity::RelayId;
 use relay_host_wasmtime::guest::{self, Core};
 use relay_host_wasmtime::now_ms;
@@ -19,17 +26,6 @@ use relay_host_wasmtime::store::AnyStore;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Instant;
-
-fn config() -> Config {
-    let mut cfg = Config::new(
-        RelayId::parse(fixture::INPROC_RELAY).expect("relay id"),
-        fixture::NET,
-    );
-    cfg.policies.send_rate = 0;
-    cfg.policies.deliver_rate = 0;
-    cfg.policies.deliver_rate_per_account = 0;
-    cfg
-}
 
 /// A memory store that logs its calls while `on`.
 struct Logged {
@@ -71,17 +67,6 @@ impl Storage for Logged {
     }
 }
 
-struct Counter(u64);
-
-impl Entropy for Counter {
-    fn fill(&mut self, buf: &mut [u8]) {
-        for b in buf {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1);
-            *b = (self.0 >> 33) as u8;
-        }
-    }
-}
-
 fn calls() {
     let fx = fixture::build(fixture::INPROC_RELAY, 8, 1, 1);
     let on = Rc::new(Cell::new(false));
@@ -91,7 +76,7 @@ fn calls() {
         on: on.clone(),
         log: log.clone(),
     };
-    let mut e = Engine::new(config(), store, Counter(1));
+    let mut e = Engine::new(inproc::config(), store, inproc::seeded(1));
     let now = now_ms();
     let mut tokens = Vec::new();
     for a in &fx.accounts {
@@ -123,7 +108,7 @@ fn component(n: usize) {
     let fx = fixture::build(fixture::INPROC_RELAY, n, n, 1);
     let path = std::env::var("WASM").unwrap_or_else(|_| "target/component/relay_core.wasm".into());
     let engine = guest::wasm_engine().expect("engine");
-    let cfg = String::from_utf8(config().to_json()).expect("config");
+    let cfg = String::from_utf8(inproc::config().to_json()).expect("config");
     let store = AnyStore::Memory(MemoryStore::new());
     let mut core = Core::load(&engine, std::path::Path::new(&path), store, cfg, [7u8; 32])
         .unwrap_or_else(|e| panic!("{path}: {e:#}"));
