@@ -88,7 +88,9 @@ export class SqliteStorage {
     }
     this.db.exec('CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID');
     this.getStmt = this.db.prepare('SELECT v FROM kv WHERE k = ?').pluck();
-    this.scanStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?').raw();
+    // No `LIMIT ?`: SQLite (3.46 and later) recompiles a statement every time a LIMIT
+    // parameter is bound. Rows come in key order, so `rows` stops stepping at the limit.
+    this.scanStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k').raw();
     this.putStmt = this.db.prepare('INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)');
     this.delStmt = this.db.prepare('DELETE FROM kv WHERE k = ?');
     this.tx = this.db.transaction((writes) => {
@@ -106,20 +108,30 @@ export class SqliteStorage {
     return this.getStmt.get(Buffer.from(key)) ?? null;
   }
   scan(start, end, limit) {
-    if (!this.overlay || this.overlay.size === 0) return this.scanStmt.all(Buffer.from(start), Buffer.from(end), limit);
+    if (!this.overlay || this.overlay.size === 0) return this.rows(Buffer.from(start), Buffer.from(end), limit);
     const s = Buffer.from(start);
     const e = Buffer.from(end);
     const mine = [...this.overlay.values()].filter((w) => compare(w.key, s) >= 0 && compare(w.key, e) < 0);
-    if (mine.length === 0) return this.scanStmt.all(s, e, limit);
+    if (mine.length === 0) return this.rows(s, e, limit);
     // Each deleted key in range may hide one stored row: fetch that many more.
     const deletes = mine.filter((w) => w.value === null).length;
-    const merged = new Map(this.scanStmt.all(s, e, limit + deletes).map(([k, v]) => [Buffer.from(k).toString('latin1'), [k, v]]));
+    const merged = new Map(this.rows(s, e, limit + deletes).map(([k, v]) => [Buffer.from(k).toString('latin1'), [k, v]]));
     for (const w of mine) {
       const id = w.key.toString('latin1');
       if (w.value === null) merged.delete(id);
       else merged.set(id, [w.key, w.value]);
     }
     return [...merged.values()].sort((a, b) => compare(a[0], b[0])).slice(0, limit);
+  }
+  /** The first `limit` stored rows with start <= key < end, in key order. */
+  rows(start, end, limit) {
+    const out = [];
+    if (limit <= 0) return out;
+    for (const row of this.scanStmt.iterate(start, end)) {
+      out.push(row);
+      if (out.length >= limit) break;
+    }
+    return out;
   }
   commit(writes) {
     if (!this.overlay) return this.tx(writes);

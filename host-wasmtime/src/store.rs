@@ -8,6 +8,9 @@ use std::path::Path;
 /// Bytes of the database file read through a memory map.
 const MMAP_SIZE: i64 = 256 << 20;
 
+/// A range of keys in order; the caller stops stepping at its limit.
+const SCAN: &str = "SELECT k, v FROM kv WHERE k >= ?1 AND k < ?2 ORDER BY k";
+
 /// SQLite key-value storage: one table, one transaction per commit, durable before it returns.
 pub struct SqliteStore {
     conn: Connection,
@@ -68,17 +71,16 @@ impl Storage for SqliteStore {
     }
 
     fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>, StorageError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT k, v FROM kv WHERE k >= ?1 AND k < ?2 ORDER BY k LIMIT ?3")
-            .map_err(err)?;
+        // No `LIMIT ?`: SQLite (3.46 and later) recompiles a statement whenever a LIMIT
+        // parameter is bound, which was every scan. Rows come in key order from the
+        // primary key, so stepping stops after `limit` without reading further.
+        let mut st = self.conn.prepare_cached(SCAN).map_err(err)?;
         let rows = st
-            .query_map(params![start, end, limit], |r| {
+            .query_map(params![start, end], |r| {
                 Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?))
             })
             .map_err(err)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(err)
+        rows.take(limit).collect::<Result<Vec<_>, _>>().map_err(err)
     }
 
     fn commit(&mut self, batch: Vec<Write>) -> Result<(), StorageError> {
@@ -145,6 +147,41 @@ mod tests {
         assert!(e.0.contains("another relay"), "{}", e.0);
         drop(_first);
         SqliteStore::open(&file).expect("open again once the first is closed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A scan is compiled once: no parameter of it makes SQLite recompile it per call.
+    #[test]
+    fn scans_and_reads_reuse_their_compiled_statements() {
+        let dir = std::env::temp_dir().join(format!("relay-store-stmt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut s = SqliteStore::open(&dir.join("relay.sqlite")).expect("open");
+        for i in 0..200u32 {
+            s.commit(vec![(i.to_be_bytes().to_vec(), Some(vec![7u8; 64]))])
+                .expect("commit");
+            let from = i.saturating_sub(5).to_be_bytes();
+            let got = s
+                .scan(&from, &(i + 1).to_be_bytes(), 1 + (i as usize % 3))
+                .expect("scan");
+            assert_eq!(got.len(), (1 + i as usize % 3).min(i as usize + 1).min(6));
+            assert_eq!(
+                got[0].0,
+                from.to_vec(),
+                "scans start at the first key in range"
+            );
+            assert!(s.get(&i.to_be_bytes()).expect("get").is_some());
+        }
+        for sql in [SCAN, "SELECT v FROM kv WHERE k = ?1"] {
+            let st = s.conn.prepare_cached(sql).expect("cached");
+            assert_eq!(st.get_status(rusqlite::StatementStatus::Run), 200, "{sql}");
+            assert_eq!(
+                st.get_status(rusqlite::StatementStatus::RePrepare),
+                0,
+                "{sql} was recompiled"
+            );
+        }
+        drop(s);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
