@@ -10,12 +10,15 @@
 
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{Storage, StorageError};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A store whose commits can be grouped.
 pub struct Grouped<S: Storage> {
     inner: S,
     overlay: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// What reads of the store returned while the group is open. Nothing writes the
+    /// store then (commits land in the overlay), so these stay exact until `flush`.
+    read: HashMap<Vec<u8>, Option<Vec<u8>>>,
     open: bool,
 }
 
@@ -25,6 +28,7 @@ impl<S: Storage> Grouped<S> {
         Grouped {
             inner,
             overlay: BTreeMap::new(),
+            read: HashMap::new(),
             open: false,
         }
     }
@@ -37,6 +41,7 @@ impl<S: Storage> Grouped<S> {
     /// Commits the group's writes in one transaction and closes the group; on error they are gone.
     pub fn flush(&mut self) -> Result<(), StorageError> {
         self.open = false;
+        self.read.clear();
         if self.overlay.is_empty() {
             return Ok(());
         }
@@ -47,10 +52,20 @@ impl<S: Storage> Grouped<S> {
 
 impl<S: Storage> Storage for Grouped<S> {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        match self.overlay.get(key) {
-            Some(v) => Ok(v.clone()),
-            None => self.inner.get(key),
+        if let Some(v) = self.overlay.get(key) {
+            return Ok(v.clone());
         }
+        if !self.open {
+            return self.inner.get(key);
+        }
+        // The operations of a group read the same few records (the recipient's account,
+        // route and devices, for every send to it): the store answers each key once.
+        if let Some(v) = self.read.get(key) {
+            return Ok(v.clone());
+        }
+        let v = self.inner.get(key)?;
+        self.read.insert(key.to_vec(), v.clone());
+        Ok(v)
     }
 
     fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>, StorageError> {
@@ -149,5 +164,45 @@ mod tests {
         g.inner.1 = false;
         assert_eq!(g.get(b"a").unwrap(), Some(b"1".to_vec()));
         assert_eq!(g.get(b"b").unwrap(), None);
+    }
+
+    /// A store that counts the reads that reach it.
+    struct Counting(MemoryStore, usize);
+
+    impl Storage for Counting {
+        fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+            self.1 += 1;
+            self.0.get(key)
+        }
+        fn scan(&mut self, s: &[u8], e: &[u8], l: usize) -> Result<Vec<Entry>, StorageError> {
+            self.0.scan(s, e, l)
+        }
+        fn commit(&mut self, batch: Vec<Write>) -> Result<(), StorageError> {
+            self.0.commit(batch)
+        }
+    }
+
+    #[test]
+    fn a_group_reads_each_key_from_the_store_once_and_sees_its_own_writes_over_it() {
+        let mut g = Grouped::new(Counting(MemoryStore::new(), 0));
+        g.commit(vec![put("a", "1")]).unwrap();
+        g.begin();
+        for _ in 0..3 {
+            assert_eq!(g.get(b"a").unwrap(), Some(b"1".to_vec()));
+            assert_eq!(g.get(b"missing").unwrap(), None);
+        }
+        assert_eq!(g.inner.1, 2, "one store read per key, absent keys included");
+        g.commit(vec![put("a", "2"), put("missing", "3")]).unwrap();
+        assert_eq!(g.get(b"a").unwrap(), Some(b"2".to_vec()));
+        assert_eq!(g.get(b"missing").unwrap(), Some(b"3".to_vec()));
+        g.flush().unwrap();
+        // Outside a group every read goes to the store, which now holds the group's writes.
+        g.inner.0.commit(vec![put("a", "4")]).unwrap();
+        assert_eq!(g.get(b"a").unwrap(), Some(b"4".to_vec()));
+        assert_eq!(g.inner.1, 3);
+        // A new group forgets what the last one read.
+        g.begin();
+        assert_eq!(g.get(b"a").unwrap(), Some(b"4".to_vec()));
+        assert_eq!(g.inner.1, 4);
     }
 }
