@@ -101,11 +101,19 @@ export class SqliteStorage {
     });
   }
   get(key) {
-    if (this.overlay) {
-      const hit = this.overlay.get(Buffer.from(key).toString('latin1'));
-      if (hit !== undefined) return hit.value;
+    if (!this.overlay) return this.getStmt.get(Buffer.from(key)) ?? null;
+    const id = Buffer.from(key).toString('latin1');
+    const hit = this.overlay.get(id);
+    if (hit !== undefined) return hit.value;
+    // The operations of a group read the same few records (the recipient's account, route
+    // and devices, for every send to it): the database answers each key once per group.
+    // Nothing writes the database while the group is open, so these stay exact until flush.
+    let v = this.read.get(id);
+    if (v === undefined) {
+      v = this.getStmt.get(Buffer.from(key)) ?? null;
+      this.read.set(id, v);
     }
-    return this.getStmt.get(Buffer.from(key)) ?? null;
+    return v;
   }
   scan(start, end, limit) {
     if (!this.overlay || this.overlay.size === 0) return this.rows(Buffer.from(start), Buffer.from(end), limit);
@@ -143,11 +151,13 @@ export class SqliteStorage {
   /** Opens a group: commits wait for `flush()`. */
   begin() {
     this.overlay ??= new Map();
+    this.read ??= new Map();
   }
   /** Commits the group in one transaction and closes it; throws (and drops the group) on failure. */
   flush() {
     const o = this.overlay;
     this.overlay = null;
+    this.read = null;
     if (o && o.size > 0) this.tx([...o.values()].map((w) => [w.key, w.value]));
   }
   close() {

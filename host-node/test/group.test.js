@@ -31,6 +31,34 @@ test('an open group is read through and reaches the database only at flush', () 
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
+test('a group reads each key from the database once and sees its own writes over it', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-group-'));
+  const s = new SqliteStorage(path.join(dir, 'db.sqlite'));
+  s.commit([[b('a'), b('1')]]);
+  const get = s.getStmt.get.bind(s.getStmt);
+  let reads = 0;
+  s.getStmt.get = (k) => {
+    reads += 1;
+    return get(k);
+  };
+  s.begin();
+  for (let i = 0; i < 3; i++) {
+    assert.equal(Buffer.from(s.get(b('a'))).toString(), '1');
+    assert.equal(s.get(b('missing')), null);
+  }
+  assert.equal(reads, 2, 'one database read per key, absent keys included');
+  s.commit([[b('a'), b('2')], [b('missing'), b('3')]]);
+  assert.equal(Buffer.from(s.get(b('a'))).toString(), '2');
+  assert.equal(Buffer.from(s.get(b('missing'))).toString(), '3');
+  s.flush();
+  s.begin();
+  assert.equal(Buffer.from(s.get(b('a'))).toString(), '2');
+  assert.equal(reads, 3, 'a new group forgets what the last one read');
+  s.flush();
+  s.close();
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
 test('grouped calls answer after one commit, and a failed commit answers internal for all', async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-group-'));
   const relay = await createRelay({ relay: 'http://127.0.0.1:1', data: dir, policies: { send_rate: 0 } });
