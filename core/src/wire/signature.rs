@@ -88,12 +88,46 @@ pub fn verify_fresh(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Result<(), Si
         .unwrap_or_else(|| verify_own(key, msg, sig))
 }
 
-/// The core's own strict verification (ed25519-dalek `verify_strict`), with no cache and no host.
-pub fn verify_own(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Result<(), SignatureError> {
+/// Decoded keys held at most (about 200 bytes each); when full, the memory starts over.
+pub const DECODED_KEYS: usize = 1024;
+
+thread_local! {
+    // A sender's device key signs every message it sends: decoding it (a square root in
+    // the field) is about 7% of a verification in wasm, so it is done once per key.
+    static DECODED: std::cell::RefCell<std::collections::HashMap<[u8; 32], VerifyingKey>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// `key` decoded, from the memory of decoded keys when it is there; invalid keys are not kept.
+fn decoded(key: &[u8; 32]) -> Result<VerifyingKey, SignatureError> {
+    if let Some(vk) = DECODED.with(|d| d.borrow().get(key).copied()) {
+        return Ok(vk);
+    }
     let vk = VerifyingKey::from_bytes(key).map_err(|_| SignatureError::InvalidKey)?;
+    DECODED.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.len() >= DECODED_KEYS {
+            d.clear();
+        }
+        d.insert(*key, vk);
+    });
+    Ok(vk)
+}
+
+/// The core's own strict verification (ed25519-dalek `verify_strict`), without the host.
+///
+/// Only the decoding of the key is remembered (a pure function of its bytes); the
+/// signature itself is checked on every call.
+pub fn verify_own(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Result<(), SignatureError> {
+    let vk = decoded(key)?;
     let sig = Signature::from_bytes(sig);
     vk.verify_strict(msg, &sig)
         .map_err(|_| SignatureError::Mismatch)
+}
+
+/// Keys in the memory of decoded keys (for tests of its bound).
+pub fn decoded_keys() -> usize {
+    DECODED.with(|d| d.borrow().len())
 }
 
 /// A protocol object signed by the signing rule.
@@ -127,5 +161,45 @@ impl<'a> Fields<'a> {
     /// The `sig` member: a 64-byte signature.
     pub fn sig(&self) -> Result<[u8; 64], FieldError> {
         self.fixed::<64>("sig")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ed25519_dalek::{Signer, SigningKey};
+
+    #[test]
+    fn decoded_keys_stay_bounded_and_invalid_keys_are_never_kept() {
+        let msg = b"relay-v1:test\n{}";
+        for i in 0..(DECODED_KEYS + 10) as u32 {
+            let mut seed = [0u8; 32];
+            seed[..4].copy_from_slice(&i.to_le_bytes());
+            let sk = SigningKey::from_bytes(&seed);
+            let key = sk.verifying_key().to_bytes();
+            let sig = sk.sign(msg).to_bytes();
+            assert_eq!(verify_own(&key, msg, &sig), Ok(()));
+            let mut bad = sig;
+            bad[0] ^= 1;
+            // A remembered key still checks every signature.
+            assert_eq!(verify_own(&key, msg, &bad), Err(SignatureError::Mismatch));
+            assert!(decoded_keys() <= DECODED_KEYS);
+        }
+        let invalid = (2u8..=255)
+            .map(|y| {
+                let mut k = [0u8; 32];
+                k[0] = y;
+                k
+            })
+            .find(|k| VerifyingKey::from_bytes(k).is_err())
+            .expect("some small y is not on the curve");
+        let before = decoded_keys();
+        for _ in 0..2 {
+            assert_eq!(
+                verify_own(&invalid, msg, &[0u8; 64]),
+                Err(SignatureError::InvalidKey)
+            );
+        }
+        assert_eq!(decoded_keys(), before, "an invalid key is not remembered");
     }
 }
