@@ -2,7 +2,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
-use super::records::{AccountRec, DeviceRec, RouteRec};
+use super::records::{AccountRec, Canon, DeviceRec, RouteRec};
 use super::session::Need;
 use super::storage::Storage;
 use super::{Caller, Entropy};
@@ -47,7 +47,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 return Ok(RouteUpdate::Older);
             }
             if held.revision == route.revision {
-                if held.route == text {
+                if held.route.as_str() == text {
                     return Ok(RouteUpdate::Same);
                 }
                 return Err(Error::new(
@@ -61,7 +61,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             &RouteRec {
                 revision: route.revision,
                 relay: route.relay.as_str().to_string(),
-                route: text,
+                route: Canon::new(text)?,
             },
         );
         Ok(RouteUpdate::Replaced)
@@ -97,7 +97,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     "this device id was revoked and is refused for good",
                 ))
             }
-            Some(d) if d.cert == text => return Ok(()),
+            Some(d) if d.cert.as_str() == text => return Ok(()),
             Some(d) if d.issued_at >= cert.issued_at => {
                 return Err(Error::new(
                     ErrorCode::StateConflict,
@@ -120,7 +120,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.txn.put(
             k::device(account, device),
             &DeviceRec {
-                cert: text,
+                cert: Canon::new(text)?,
                 issued_at: cert.issued_at,
                 expires_at: cert.expires_at,
                 send: cert.permissions.send,
@@ -244,7 +244,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let device = r.device_id.as_str().to_string();
         let key = k::device(&s.account, &device);
         let mut rec: DeviceRec = self.txn.get(&key)?.unwrap_or(DeviceRec {
-            cert: String::new(),
+            cert: Canon::default(),
             issued_at: 0,
             expires_at: None,
             send: false,

@@ -166,7 +166,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             o.insert("account", t.to.as_str());
             (PeerMethod::RouteGet, canonical::to_vec(&Value::Object(o)))
         } else {
-            (PeerMethod::Deliver, t.body.clone().into_bytes())
+            (PeerMethod::Deliver, t.body.as_bytes().to_vec())
         };
         let target_id = crate::wire::identity::RelayId::parse(&target).map_err(|e| {
             Error::new(

@@ -7,7 +7,7 @@
 use super::context::Ctx;
 use super::keyspace as k;
 use super::receive::{params_hash, state_conflict, Incoming};
-use super::records::{SendRec, TaskRec, TaskState};
+use super::records::{Canon, SendRec, TaskRec, TaskState};
 use super::session::Need;
 use super::status::{self, Status};
 use super::storage::Storage;
@@ -209,7 +209,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             to,
             target: route.relay,
             route_revision: route.revision,
-            body,
+            body: Canon::new(body)?,
             attempt: 0,
             failures: 0,
             state: TaskState::Waiting,

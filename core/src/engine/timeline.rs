@@ -6,7 +6,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
-use super::records::{AccountRec, BoxRec, RecordRec};
+use super::records::{AccountRec, BoxRec, Canon, RecordRec};
 use super::session::Need;
 use super::storage::Storage;
 use super::{Caller, Effect, Entropy};
@@ -65,7 +65,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
             stored.push(BoxRec {
                 device_id: id.to_string(),
-                key_box: String::from_utf8(canonical::object_to_vec(b.raw())).unwrap_or_default(),
+                key_box: Canon::new(
+                    String::from_utf8(canonical::object_to_vec(b.raw())).unwrap_or_default(),
+                )?,
             });
         }
         let expires_at = self.now.saturating_add(self.cfg.policies.message_retention);
@@ -78,8 +80,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 accepted_at: self.now,
                 expires_at,
                 body_expires_at,
-                envelope: envelope.to_string(),
-                certificate: certificate.to_string(),
+                envelope: Canon::new(envelope.to_string())?,
+                certificate: Canon::new(certificate.to_string())?,
                 boxes: stored,
                 visible,
             },
