@@ -11,11 +11,6 @@ import path from 'node:path';
 // sorted-btree is CommonJS with an ES-style default export.
 const BTree = SortedBTree.default ?? SortedBTree;
 
-/** Byte-wise comparison of two Uint8Arrays. */
-function compare(a, b) {
-  return Buffer.compare(Buffer.from(a.buffer, a.byteOffset, a.byteLength), Buffer.from(b.buffer, b.byteOffset, b.byteLength));
-}
-
 /** A key as a string whose UTF-16 code units are its bytes: string order is byte order. */
 function id(key) {
   return Buffer.from(key.buffer, key.byteOffset, key.byteLength).toString('latin1');
@@ -102,34 +97,40 @@ export class SqliteStorage {
   }
   get(key) {
     if (!this.overlay) return this.getStmt.get(Buffer.from(key)) ?? null;
-    const id = Buffer.from(key).toString('latin1');
-    const hit = this.overlay.get(id);
-    if (hit !== undefined) return hit.value;
+    const k = id(key);
+    const hit = this.overlay.get(k);
+    if (hit !== undefined) return hit;
     // The operations of a group read the same few records (the recipient's account, route
     // and devices, for every send to it): the database answers each key once per group.
     // Nothing writes the database while the group is open, so these stay exact until flush.
-    let v = this.read.get(id);
+    let v = this.read.get(k);
     if (v === undefined) {
       v = this.getStmt.get(Buffer.from(key)) ?? null;
-      this.read.set(id, v);
+      this.read.set(k, v);
     }
     return v;
   }
   scan(start, end, limit) {
-    if (!this.overlay || this.overlay.size === 0) return this.rows(Buffer.from(start), Buffer.from(end), limit);
     const s = Buffer.from(start);
     const e = Buffer.from(end);
-    const mine = [...this.overlay.values()].filter((w) => compare(w.key, s) >= 0 && compare(w.key, e) < 0);
+    if (!this.overlay || this.overlay.size === 0) return this.rows(s, e, limit);
+    // The overlay is ordered too: only its writes in [start, end) are looked at.
+    const mine = [];
+    this.overlay.forRange(id(s), id(e), false, (k, v) => {
+      mine.push([k, v]);
+    });
     if (mine.length === 0) return this.rows(s, e, limit);
     // Each deleted key in range may hide one stored row: fetch that many more.
-    const deletes = mine.filter((w) => w.value === null).length;
-    const merged = new Map(this.rows(s, e, limit + deletes).map(([k, v]) => [Buffer.from(k).toString('latin1'), [k, v]]));
-    for (const w of mine) {
-      const id = w.key.toString('latin1');
-      if (w.value === null) merged.delete(id);
-      else merged.set(id, [w.key, w.value]);
+    const deletes = mine.filter(([, v]) => v === null).length;
+    const merged = new Map(this.rows(s, e, limit + deletes).map(([k, v]) => [id(k), [k, v]]));
+    for (const [k, v] of mine) {
+      if (v === null) merged.delete(k);
+      else merged.set(k, [Buffer.from(k, 'latin1'), v]);
     }
-    return [...merged.values()].sort((a, b) => compare(a[0], b[0])).slice(0, limit);
+    return [...merged.entries()]
+      .sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0))
+      .slice(0, limit)
+      .map(([, row]) => row);
   }
   /** The first `limit` stored rows with start <= key < end, in key order. */
   rows(start, end, limit) {
@@ -143,14 +144,12 @@ export class SqliteStorage {
   }
   commit(writes) {
     if (!this.overlay) return this.tx(writes);
-    for (const [k, v] of writes) {
-      const key = Buffer.from(k);
-      this.overlay.set(key.toString('latin1'), { key, value: v === null ? null : Buffer.from(v) });
-    }
+    for (const [k, v] of writes) this.overlay.set(id(k), v === null ? null : Buffer.from(v));
   }
   /** Opens a group: commits wait for `flush()`. */
   begin() {
-    this.overlay ??= new Map();
+    /** @type {BTree<string, Uint8Array | null>} writes of the open group, by key */
+    this.overlay ??= new BTree();
     this.read ??= new Map();
   }
   /** Commits the group in one transaction and closes it; throws (and drops the group) on failure. */
@@ -158,7 +157,7 @@ export class SqliteStorage {
     const o = this.overlay;
     this.overlay = null;
     this.read = null;
-    if (o && o.size > 0) this.tx([...o.values()].map((w) => [w.key, w.value]));
+    if (o && o.size > 0) this.tx(o.toArray().map(([k, v]) => [Buffer.from(k, 'latin1'), v]));
   }
   close() {
     this.db.close();
