@@ -138,35 +138,88 @@ pub fn memory() -> MemoryStore {
     MemoryStore::new()
 }
 
-fn timed(
-    n: usize,
-    mut f: impl FnMut(usize) -> anyhow::Result<()>,
-) -> anyhow::Result<Vec<std::time::Duration>> {
-    let mut lat = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = Instant::now();
-        f(i)?;
-        lat.push(t.elapsed());
+/// Operations one target runs before the next takes its turn (see [`run_side_by_side`]).
+const SLICE: usize = 50;
+
+/// Latencies, wall time and fuel of one target in one phase.
+#[derive(Default)]
+struct Phase {
+    lat: Vec<std::time::Duration>,
+    wall: std::time::Duration,
+    fuel: Option<u64>,
+}
+
+impl Phase {
+    fn sample(self, op: &str) -> Sample {
+        Sample::new(op, self.lat, self.wall).with_fuel(self.fuel)
     }
-    Ok(lat)
+}
+
+/// Runs operation `i` of a phase on target `t` (its index in the run) and checks the answer.
+type Step<'a> = dyn FnMut(&mut dyn Target, usize, usize) -> anyhow::Result<()> + 'a;
+
+/// `n` operations on every target, taking turns `SLICE` operations at a time.
+fn phase(
+    targets: &mut [&mut dyn Target],
+    n: usize,
+    step: &mut Step<'_>,
+) -> anyhow::Result<Vec<Phase>> {
+    let mut out: Vec<Phase> = targets
+        .iter()
+        .map(|t| Phase {
+            fuel: t.fuel().map(|_| 0),
+            ..Phase::default()
+        })
+        .collect();
+    for from in (0..n).step_by(SLICE) {
+        for (ti, t) in targets.iter_mut().enumerate() {
+            let fuel = t.fuel();
+            let started = Instant::now();
+            for i in from..(from + SLICE).min(n) {
+                let one = Instant::now();
+                step(&mut **t, ti, i)?;
+                out[ti].lat.push(one.elapsed());
+            }
+            out[ti].wall += started.elapsed();
+            if let (Some(total), Some(before), Some(after)) =
+                (out[ti].fuel.as_mut(), fuel, t.fuel())
+            {
+                *total += after - before;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Runs registration, then send, deliver and sync over `fx`; one sample per operation.
 pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec<Sample>> {
-    let mut tokens = Vec::new();
-    for a in &fx.accounts {
-        let (s, b) = t.call(As::Anonymous, "account.register", &a.register);
-        anyhow::ensure!(s == 200, "register: {}", String::from_utf8_lossy(&b));
-        let (s, b) = t.call(As::Anonymous, "session.open", &a.session_open);
-        anyhow::ensure!(s == 200, "session.open: {}", String::from_utf8_lossy(&b));
-        tokens.push(fixture::token(&b).ok_or_else(|| anyhow::anyhow!("no session"))?);
+    let mut all = run_side_by_side(&mut [t], fx, syncs)?;
+    Ok(all.remove(0))
+}
+
+/// [`run`] on several targets at once, taking turns every `SLICE` operations, so each
+/// meets the same machine: on a shared machine, throughput moves by a quarter from
+/// minute to minute, and a ratio of two figures measured minutes apart moved with it.
+pub fn run_side_by_side(
+    targets: &mut [&mut dyn Target],
+    fx: &Fixture,
+    syncs: usize,
+) -> anyhow::Result<Vec<Vec<Sample>>> {
+    let mut tokens: Vec<Vec<String>> = Vec::new();
+    for t in targets.iter_mut() {
+        let mut mine = Vec::new();
+        for a in &fx.accounts {
+            let (s, b) = t.call(As::Anonymous, "account.register", &a.register);
+            anyhow::ensure!(s == 200, "register: {}", String::from_utf8_lossy(&b));
+            let (s, b) = t.call(As::Anonymous, "session.open", &a.session_open);
+            anyhow::ensure!(s == 200, "session.open: {}", String::from_utf8_lossy(&b));
+            mine.push(fixture::token(&b).ok_or_else(|| anyhow::anyhow!("no session"))?);
+        }
+        tokens.push(mine);
     }
-    let spent = |t: &dyn Target, since: Option<u64>| Some(t.fuel()? - since?);
-    let fuel = t.fuel();
-    let started = Instant::now();
-    let send = timed(fx.sends.len(), |i| {
+    let send = phase(targets, fx.sends.len(), &mut |t, ti, i| {
         let (s, params) = &fx.sends[i];
-        let (st, b) = t.call(As::Session(&tokens[*s]), "message.send", params);
+        let (st, b) = t.call(As::Session(&tokens[ti][*s]), "message.send", params);
         anyhow::ensure!(
             st == 200 && fixture::status(&b).as_deref() == Some("target_accepted"),
             "message.send: {st} {}",
@@ -174,11 +227,7 @@ pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec
         );
         Ok(())
     })?;
-    let send_wall = started.elapsed();
-    let send_fuel = spent(t, fuel);
-    let fuel = t.fuel();
-    let started = Instant::now();
-    let deliver = timed(fx.delivers.len(), |i| {
+    let deliver = phase(targets, fx.delivers.len(), &mut |t, _, i| {
         let (st, b) = t.call(As::Relay(PEER_RELAY), "message.deliver", &fx.delivers[i]);
         anyhow::ensure!(
             st == 200,
@@ -187,17 +236,13 @@ pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec
         );
         Ok(())
     })?;
-    let deliver_wall = started.elapsed();
-    let deliver_fuel = spent(t, fuel);
-    let fuel = t.fuel();
     let total = (fx.sends.len() + fx.delivers.len()) as u64;
-    let recipient = &tokens[fx.recipient()];
-    let started = Instant::now();
-    let sync = timed(syncs, |i| {
+    let recipient = fx.recipient();
+    let sync = phase(targets, syncs, &mut |t, ti, i| {
         let after = (i as u64 * PAGE) % total.saturating_sub(PAGE).max(1);
         let params = format!("{{\"after\":{after},\"limit\":{PAGE}}}");
         let (st, b) = t.call(
-            As::Session(recipient),
+            As::Session(&tokens[ti][recipient]),
             "message.timeline.sync",
             params.as_bytes(),
         );
@@ -208,13 +253,18 @@ pub fn run(t: &mut dyn Target, fx: &Fixture, syncs: usize) -> anyhow::Result<Vec
         );
         Ok(())
     })?;
-    let sync_wall = started.elapsed();
-    let sync_fuel = spent(t, fuel);
-    Ok(vec![
-        Sample::new("message.send", send, send_wall).with_fuel(send_fuel),
-        Sample::new("message.deliver", deliver, deliver_wall).with_fuel(deliver_fuel),
-        Sample::new("message.timeline.sync (50)", sync, sync_wall).with_fuel(sync_fuel),
-    ])
+    Ok(send
+        .into_iter()
+        .zip(deliver)
+        .zip(sync)
+        .map(|((s, d), y)| {
+            vec![
+                s.sample("message.send"),
+                d.sample("message.deliver"),
+                y.sample("message.timeline.sync (50)"),
+            ]
+        })
+        .collect())
 }
 
 impl Wasm {

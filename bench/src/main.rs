@@ -82,41 +82,34 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
     let fx = fixture::build(fixture::INPROC_RELAY, sz.sends, sz.delivers, 1);
     eprintln!("floor");
     rep.add("native floor", "-", None, floor::run(&fx)?);
-    let run = |rep: &mut Report, setup: &str, storage: &str, t: &mut dyn inproc::Target| {
-        eprintln!("{setup}, {storage}");
-        for s in inproc::run(t, &fx, sz.syncs)? {
-            rep.add(setup, storage, None, s);
-        }
-        anyhow::Ok(())
-    };
     let db = |name: &str| scratch.join(format!("{name}.sqlite"));
-    run(
-        rep,
-        "native engine",
-        "memory",
-        &mut inproc::Native::new(inproc::memory()),
-    )?;
-    run(
-        rep,
-        "native engine",
-        "sqlite",
-        &mut inproc::Native::new(inproc::sqlite(&db("native"))?),
-    )?;
-    if !skip.iter().any(|s| s == "wasmtime") {
-        let mem = AnyStore::Memory(inproc::memory());
-        run(
-            rep,
-            "wasmtime component",
-            "memory",
-            &mut inproc::Wasm::load(&component, mem)?,
-        )?;
-        let sql = AnyStore::Sqlite(inproc::sqlite(&db("wasm"))?);
-        run(
-            rep,
-            "wasmtime component",
-            "sqlite",
-            &mut inproc::Wasm::load(&component, sql)?,
-        )?;
+    // The native engine and the component take turns on each storage (see
+    // `inproc::run_side_by_side`), so their ratio compares like with like.
+    let mut nat_mem = inproc::Native::new(inproc::memory());
+    let mut nat_sql = inproc::Native::new(inproc::sqlite(&db("native"))?);
+    let (mem, sql) = if skip.iter().any(|s| s == "wasmtime") {
+        eprintln!("native engine, memory and sqlite");
+        (
+            vec![inproc::run(&mut nat_mem, &fx, sz.syncs)?],
+            vec![inproc::run(&mut nat_sql, &fx, sz.syncs)?],
+        )
+    } else {
+        let mut wasm_mem = inproc::Wasm::load(&component, AnyStore::Memory(inproc::memory()))?;
+        let mut wasm_sql =
+            inproc::Wasm::load(&component, AnyStore::Sqlite(inproc::sqlite(&db("wasm"))?))?;
+        eprintln!("native engine and wasmtime component, memory");
+        let mem = inproc::run_side_by_side(&mut [&mut nat_mem, &mut wasm_mem], &fx, sz.syncs)?;
+        eprintln!("native engine and wasmtime component, sqlite");
+        let sql = inproc::run_side_by_side(&mut [&mut nat_sql, &mut wasm_sql], &fx, sz.syncs)?;
+        (mem, sql)
+    };
+    let setups = ["native engine", "wasmtime component"];
+    for (i, setup) in setups.iter().enumerate().take(mem.len()) {
+        for (storage, samples) in [("memory", &mem[i]), ("sqlite", &sql[i])] {
+            for s in samples {
+                rep.add(setup, storage, None, s.clone());
+            }
+        }
     }
     if !skip.iter().any(|s| s == "node") {
         eprintln!("node in-process");
