@@ -243,15 +243,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         r.verify_signature(r.account.key())?;
         let device = r.device_id.as_str().to_string();
         let key = k::device(&s.account, &device);
-        let mut rec: DeviceRec = self.txn.get(&key)?.unwrap_or(DeviceRec {
-            cert: Canon::default(),
-            issued_at: 0,
-            expires_at: None,
-            send: false,
-            sync: false,
-            manage: false,
-            revoked: true,
-        });
+        let mut rec: DeviceRec = self
+            .txn
+            .get(&key)?
+            .unwrap_or_else(DeviceRec::revoked_unregistered);
         rec.revoked = true;
         self.txn.put(key, &rec);
         self.end_device_sessions(&s.account, &device)?;

@@ -91,6 +91,21 @@ pub(crate) struct DeviceRec {
     pub revoked: bool,
 }
 
+impl DeviceRec {
+    /// A device revoked before it ever registered: no certificate, no permissions.
+    pub fn revoked_unregistered() -> DeviceRec {
+        DeviceRec {
+            cert: Canon::default(),
+            issued_at: 0,
+            expires_at: None,
+            send: false,
+            sync: false,
+            manage: false,
+            revoked: true,
+        }
+    }
+}
+
 /// An open session.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct SessionRec {
@@ -254,15 +269,7 @@ mod tests {
 
     #[test]
     fn an_empty_text_is_stored_as_null() {
-        let d = DeviceRec {
-            cert: Canon::default(),
-            issued_at: 0,
-            expires_at: None,
-            send: false,
-            sync: false,
-            manage: false,
-            revoked: true,
-        };
+        let d = DeviceRec::revoked_unregistered();
         let stored = serde_json::to_string(&d).expect("serialize");
         assert!(stored.starts_with(r#"{"cert":null,"#), "{stored}");
         let back: DeviceRec = serde_json::from_str(&stored).expect("deserialize");
