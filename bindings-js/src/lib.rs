@@ -10,9 +10,10 @@ use relay_core::engine::{
     Caller, Config, Effect, Engine, Entropy, Outcome, Response, Storage, StorageError,
 };
 use relay_core::wire::canonical::write_string;
+use relay_core::wire::digest;
 use relay_core::wire::identity::RelayId;
 use relay_core::wire::relay_request::{self, RelayHeaders};
-use relay_core::wire::signature::SignedObject as _;
+use relay_core::wire::signature::{self, SignatureError, SignedObject as _};
 use relay_core::wire::{base64url, canonical};
 use wasm_bindgen::prelude::*;
 
@@ -28,6 +29,15 @@ fn method(obj: &JsValue, name: &str) -> Result<Function, JsValue> {
     Reflect::get(obj, &JsValue::from_str(name))?
         .dyn_into::<Function>()
         .map_err(|_| JsValue::from_str(&format!("storage.{name} must be a function")))
+}
+
+/// A stored value's bytes, copied once into the core: a Uint8Array (or Buffer) is read as it is;
+/// anything else goes through the Uint8Array constructor (an ArrayBuffer, an array of numbers).
+fn bytes(v: &JsValue) -> Vec<u8> {
+    match v.dyn_ref::<Uint8Array>() {
+        Some(a) => a.to_vec(),
+        None => Uint8Array::new(v).to_vec(),
+    }
 }
 
 fn js_err(e: JsValue) -> StorageError {
@@ -47,7 +57,7 @@ impl Storage for JsStorage {
         if v.is_null() || v.is_undefined() {
             return Ok(None);
         }
-        Ok(Some(Uint8Array::new(&v).to_vec()))
+        Ok(Some(bytes(&v)))
     }
 
     fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>, StorageError> {
@@ -65,10 +75,7 @@ impl Storage for JsStorage {
         let mut out = Vec::with_capacity(rows.length() as usize);
         for row in rows.iter() {
             let pair = Array::from(&row);
-            out.push((
-                Uint8Array::new(&pair.get(0)).to_vec(),
-                Uint8Array::new(&pair.get(1)).to_vec(),
-            ));
+            out.push((bytes(&pair.get(0)), bytes(&pair.get(1))));
         }
         Ok(out)
     }
@@ -89,6 +96,117 @@ impl Storage for JsStorage {
             .call1(&self.obj, &writes)
             .map(|_| ())
             .map_err(js_err)
+    }
+}
+
+/// A host's native crypto (the Node host's addon): `verifyEd25519(key, msg, sig)` and `sha256Into(data, out)`.
+struct HostCrypto {
+    obj: JsValue,
+    verify: Option<Function>,
+    sha256: Option<Function>,
+}
+
+thread_local! {
+    static HOST_CRYPTO: std::cell::RefCell<Option<HostCrypto>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Installs the host's native crypto for this instance (`null` removes it): an object with
+/// `verifyEd25519(key, message, signature)` returning 0 valid, 1 invalid key, 2 mismatch
+/// (anything else declines), and `sha256Into(data, out)` writing 32 bytes and returning true.
+///
+/// Either function may be missing; the core then does that work itself. They receive views
+/// of the core's memory, valid only during the call, and must not call back into the core.
+#[wasm_bindgen(js_name = setHostCrypto)]
+pub fn set_host_crypto(crypto: JsValue) -> Result<(), JsValue> {
+    if crypto.is_null() || crypto.is_undefined() {
+        HOST_CRYPTO.with(|h| *h.borrow_mut() = None);
+        signature::set_verifier(None);
+        digest::set_hasher(None);
+        return Ok(());
+    }
+    let optional = |name: &str| -> Result<Option<Function>, JsValue> {
+        let v = Reflect::get(&crypto, &JsValue::from_str(name))?;
+        if v.is_undefined() || v.is_null() {
+            return Ok(None);
+        }
+        v.dyn_into::<Function>()
+            .map(Some)
+            .map_err(|_| JsValue::from_str(&format!("crypto.{name} must be a function")))
+    };
+    let (verify, sha256) = (optional("verifyEd25519")?, optional("sha256Into")?);
+    signature::set_verifier(
+        verify
+            .is_some()
+            .then_some(host_verify as signature::Verifier),
+    );
+    digest::set_hasher(sha256.is_some().then_some(host_sha256 as digest::Hasher));
+    HOST_CRYPTO.with(|h| {
+        *h.borrow_mut() = Some(HostCrypto {
+            obj: crypto,
+            verify,
+            sha256,
+        })
+    });
+    Ok(())
+}
+
+/// The host's verification; `None` (declined, absent, or a JS exception) falls back to the core's own.
+fn host_verify(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Option<Result<(), SignatureError>> {
+    HOST_CRYPTO.with(|h| {
+        let h = h.borrow();
+        let h = h.as_ref()?;
+        let f = h.verify.as_ref()?;
+        // SAFETY: the views live only for this call, and nothing allocates in the core's
+        // memory while the host function runs (it must not call back into the core).
+        let v = unsafe {
+            f.call3(
+                &h.obj,
+                &Uint8Array::view(key),
+                &Uint8Array::view(msg),
+                &Uint8Array::view(sig),
+            )
+        }
+        .ok()?;
+        match v.as_f64()? {
+            0.0 => Some(Ok(())),
+            1.0 => Some(Err(SignatureError::InvalidKey)),
+            2.0 => Some(Err(SignatureError::Mismatch)),
+            _ => None,
+        }
+    })
+}
+
+/// The host's SHA-256; `None` (declined, absent, or a JS exception) falls back to the core's own.
+fn host_sha256(data: &[u8]) -> Option<[u8; 32]> {
+    HOST_CRYPTO.with(|h| {
+        let h = h.borrow();
+        let h = h.as_ref()?;
+        let f = h.sha256.as_ref()?;
+        let mut out = [0u8; 32];
+        // SAFETY: as in host_verify; `out` is this frame's and outlives the call.
+        let done = unsafe {
+            f.call2(
+                &h.obj,
+                &Uint8Array::view(data),
+                &Uint8Array::view_mut_raw(out.as_mut_ptr(), 32),
+            )
+        }
+        .ok()?;
+        done.as_bool().filter(|&b| b).map(|_| out)
+    })
+}
+
+/// The core's own strict verification in wasm, without the host (so tests can compare both paths):
+/// 0 valid, 1 invalid key, 2 mismatch, 3 wrong lengths.
+#[wasm_bindgen(js_name = verifyEd25519Own)]
+pub fn verify_ed25519_own(key: &[u8], message: &[u8], signature: &[u8]) -> u32 {
+    let (Ok(key), Ok(sig)) = (<&[u8; 32]>::try_from(key), <&[u8; 64]>::try_from(signature)) else {
+        return 3;
+    };
+    match signature::verify_own(key, message, sig) {
+        Ok(()) => 0,
+        Err(SignatureError::InvalidKey) => 1,
+        Err(SignatureError::Mismatch) => 2,
     }
 }
 

@@ -4,13 +4,17 @@
 // unusable. Nothing it was doing was committed, so the wrapper answers
 // `internal` and loads a fresh instance of the module over the same storage.
 
+import { hostCrypto } from './native.js';
+
 const PKG = new URL('../pkg/relay_wasm.js', import.meta.url);
 let generation = 0;
 
-/** Loads a fresh instance of the wasm module (each import URL is a new instance). */
+/** Loads a fresh instance of the wasm module (each import URL is a new instance), with the host's native crypto installed. */
 async function loadModule() {
   generation += 1;
-  return import(`${PKG.href}?instance=${generation}`);
+  const mod = await import(`${PKG.href}?instance=${generation}`);
+  mod.setHostCrypto(hostCrypto());
+  return mod;
 }
 
 const INTERNAL = JSON.stringify({

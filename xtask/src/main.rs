@@ -105,6 +105,35 @@ fn build_bindgen() -> Result<()> {
     b.generate(&out)
         .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
     println!("{}", display(&out));
+    build_native(&out)
+}
+
+/// Builds the Node host's native crypto addon (`relay-node-native`) into `pkg/relay_native.node`.
+///
+/// The Node host verifies Ed25519 through it as the wasmtime host does through its import;
+/// without it (another platform, a failed build) the core verifies in wasm.
+fn build_native(pkg: &Path) -> Result<()> {
+    let root = root();
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .args(["build", "--release", "-p", "relay-node-native"])
+        .status()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !status.success() {
+        return Err("building relay-node-native failed".into());
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    let lib = format!(
+        "{}relay_node_native{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    let from = target.join("release").join(&lib);
+    let to = pkg.join("relay_native.node");
+    std::fs::copy(&from, &to).map_err(|e| format!("{}: {e}", from.display()))?;
+    println!("{}", display(&to));
     Ok(())
 }
 
