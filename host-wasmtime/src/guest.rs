@@ -1,9 +1,11 @@
 //! The core component inside wasmtime: instantiation, limits, and recovery from traps.
 
 use crate::group::Grouped;
+use crate::preverify::Preverify;
 use crate::store::AnyStore;
 use relay_core::engine::{Storage, StorageError};
 use std::path::Path;
+use std::sync::Arc;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
 
@@ -25,6 +27,10 @@ pub struct HostState {
     own_verify: bool,
     /// Decline every SHA-256, so the core hashes itself (`RELAY_OWN_SHA256=1`, for measuring).
     own_sha256: bool,
+    /// Envelope signatures the HTTP workers verified ahead of the core thread.
+    pre: Option<Arc<Preverify>>,
+    /// The session token of the message.send in progress (what `pre` learns keys for).
+    sending: Option<String>,
 }
 
 impl host::Host for HostState {
@@ -68,7 +74,16 @@ impl host::Host for HostState {
         if self.own_verify {
             return host::Verdict::Declined;
         }
-        native_verdict(&key, &message, &signature)
+        if let Some(p) = &self.pre {
+            if p.take(&key, &message, &signature) {
+                return host::Verdict::Valid;
+            }
+        }
+        let v = native_verdict(&key, &message, &signature);
+        if let (host::Verdict::Valid, Some(p), Some(t)) = (v, &self.pre, &self.sending) {
+            p.learn(t, &key, &message);
+        }
+        v
     }
     fn sha256(&mut self, data: Vec<u8>) -> Option<(u64, u64, u64, u64)> {
         if self.own_sha256 {
@@ -126,6 +141,8 @@ pub struct Core {
     pub traps: u64,
     /// Fuel spent by all calls so far: wasm work, counted deterministically (benchmarks report it).
     pub fuel_spent: u64,
+    /// Signatures verified ahead of the core thread, if the host offers them.
+    pre: Option<Arc<Preverify>>,
 }
 
 /// The wasmtime engine configuration: fuel and epochs bound every call.
@@ -163,6 +180,8 @@ fn instantiate(
             limits,
             own_verify,
             own_sha256,
+            pre: None,
+            sending: None,
         },
     );
     s.limiter(|h| &mut h.limits);
@@ -209,6 +228,7 @@ impl Core {
             instance,
             traps: 0,
             fuel_spent: 0,
+            pre: None,
         })
     }
 
@@ -250,6 +270,7 @@ impl Core {
             Ok((store, instance)) => {
                 self.store = store;
                 self.instance = instance;
+                self.store.data_mut().pre = self.pre.clone();
             }
             Err(e) => tracing::error!("could not restart the core: {e:#}"),
         }
@@ -265,10 +286,23 @@ impl Core {
         self.store.data_mut().store.flush()
     }
 
+    /// Answers the core's envelope verifications from `pre` where its workers verified them.
+    pub fn set_preverify(&mut self, pre: Option<Arc<Preverify>>) {
+        self.store.data_mut().pre = pre.clone();
+        self.pre = pre;
+    }
+
     /// Calls a protocol method.
     pub fn call(&mut self, caller: &Caller, method: &str, params: &[u8], now: u64) -> Reply {
-        self.guarded(|i, s| i.call_call(s, caller, method, params, now))
-            .unwrap_or_else(internal_reply)
+        self.store.data_mut().sending = match caller {
+            Caller::Session(t) if method == "message.send" && self.pre.is_some() => Some(t.clone()),
+            _ => None,
+        };
+        let r = self
+            .guarded(|i, s| i.call_call(s, caller, method, params, now))
+            .unwrap_or_else(internal_reply);
+        self.store.data_mut().sending = None;
+        r
     }
 
     /// Reports a delivery outcome.

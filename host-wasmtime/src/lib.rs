@@ -9,6 +9,7 @@ pub mod group;
 pub mod guest;
 mod hub;
 mod outbound;
+pub mod preverify;
 mod server;
 pub mod settings;
 pub mod store;
@@ -112,6 +113,8 @@ pub struct App {
     peers: outbound::Peers,
     /// Calls that entered the core (for tests that prove a request never reached it).
     pub core_calls: std::sync::atomic::AtomicU64,
+    /// Envelope signatures verified on the HTTP workers (`None` with `RELAY_PREVERIFY=0`).
+    pub preverify: Option<Arc<preverify::Preverify>>,
 }
 
 impl App {
@@ -243,6 +246,10 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
                 engine.increment_epoch();
             })?;
     }
+    // `RELAY_PREVERIFY=0` leaves every verification to the core thread (to measure what this pays).
+    let pre = (std::env::var_os("RELAY_PREVERIFY").is_none_or(|v| v != "0"))
+        .then(|| Arc::new(preverify::Preverify::default()));
+    let core_pre = pre.clone();
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
     std::thread::Builder::new()
@@ -259,7 +266,8 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
                     .map_err(|e| anyhow::anyhow!("loading {}: {e:#}", component.display()))
             });
             let mut core = match core {
-                Ok(c) => {
+                Ok(mut c) => {
+                    c.set_preverify(core_pre);
                     let _ = ready_tx.send(Ok(()));
                     c
                 }
@@ -291,6 +299,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         wake: wake_tx,
         peers: outbound::Peers::for_attempts(config.attempt_timeout),
         core_calls: std::sync::atomic::AtomicU64::new(0),
+        preverify: pre,
     });
     let first = app.core.run(|c| c.next_wake()).await;
     app.wake.send_replace(first);

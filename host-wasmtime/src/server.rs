@@ -75,8 +75,12 @@ fn reply_response(reply: Reply) -> Response {
     r
 }
 
-/// Reads a request body, refusing one over the limit before any of it is parsed.
-async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, Response> {
+/// Reads a request body, refusing one over the limit before any of it is parsed; the bytes and their parse.
+async fn read_body(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Vec<u8>, Object), Response> {
     let limit = app.max_request_bytes;
     let too_large = || {
         error_response(
@@ -99,14 +103,16 @@ async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Vec<u8>
     };
     // The core's own strict parser, linked natively: garbage never costs a trip into the guest,
     // and the verdict is the one the guest would give.
-    if let Err(e) = json::parse_object(&bytes) {
-        let e: relay_core::Error = e.into();
-        return Err(json_response(
-            e.code.http_status(),
-            canonical::to_vec(&relay_core::engine::error_body(&e)),
-        ));
+    match json::parse_object(&bytes) {
+        Ok(parsed) => Ok((bytes, parsed)),
+        Err(e) => {
+            let e: relay_core::Error = e.into();
+            Err(json_response(
+                e.code.http_status(),
+                canonical::to_vec(&relay_core::engine::error_body(&e)),
+            ))
+        }
     }
-    Ok(bytes)
 }
 
 fn bearer(headers: &HeaderMap) -> Option<String> {
@@ -120,7 +126,7 @@ async fn client_call(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match read_body(&app, &headers, body).await {
+    let (body, parsed) = match read_body(&app, &headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -131,6 +137,11 @@ async fn client_call(
     if method.starts_with("admin.") {
         return error_response(relay_core::ErrorCode::NotFound, "unknown method");
     }
+    if let (Some(pre), Caller::Session(t), "message.send") =
+        (&app.preverify, &caller, method.as_str())
+    {
+        pre.send(t, &parsed);
+    }
     reply_response(app.call(caller, method, body).await)
 }
 
@@ -140,7 +151,7 @@ async fn admin_call(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match read_body(&app, &headers, body).await {
+    let (body, _) = match read_body(&app, &headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -172,7 +183,7 @@ async fn relay_call(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match read_body(&app, &headers, body).await {
+    let (body, parsed) = match read_body(&app, &headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -215,7 +226,12 @@ async fn relay_call(
         }
     }
     match verdict {
-        Some(Ok(_)) => reply_response(app.call(Caller::Relay(source), method, body).await),
+        Some(Ok(_)) => {
+            if let (Some(pre), "message.deliver") = (&app.preverify, method.as_str()) {
+                pre.deliver(&parsed);
+            }
+            reply_response(app.call(Caller::Relay(source), method, body).await)
+        }
         Some(Err(r)) => reply_response(r),
         None => error_response(
             relay_core::ErrorCode::Unauthenticated,
@@ -340,6 +356,11 @@ async fn serve_socket(
             }
         };
         let (id, method, params) = frame;
+        if let (Some(pre), "message.send") = (&app.preverify, method.as_str()) {
+            if let Ok(p) = json::parse_object(&params) {
+                pre.send(&token, &p);
+            }
+        }
         let reply = app
             .call(Caller::Session(token.clone()), method, params)
             .await;

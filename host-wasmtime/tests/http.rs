@@ -23,8 +23,78 @@ async fn two_wasmtime_relays_deliver_a_message_between_accounts_over_http() {
     let done = c.wait_terminal(&alice, &message_id(&m), 100).await;
     assert_eq!(status_of(&done), "target_accepted", "{done:?}");
     assert_eq!(c.texts(&bob).await, vec!["hello over http"]);
+    // The receiving relay's worker verified the envelope under the certificate it came with.
+    let pre = b.app.preverify.clone().expect("on by default");
+    assert_eq!(pre.hits.load(Ordering::Relaxed), 1);
     a.stop().await;
     b.stop().await;
+}
+
+/// Once the core has verified a session's envelope, the HTTP workers verify that session's next
+/// envelopes ahead of the core thread (natively, off it); a bad signature is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envelopes_verified_on_the_workers_are_accepted_and_a_bad_signature_is_still_refused() {
+    let a = relay(|_| {}).await;
+    let pre = a
+        .app
+        .preverify
+        .clone()
+        .expect("pre-verification is on by default");
+    let mut c = Client::new(7);
+    let alice = c.register(&a.url, true).await;
+    let bob = c.register(&a.url, true).await;
+    let first = c.message(&alice, &bob, "one");
+    let (s, v) = c.send(&alice, &first).await;
+    assert_eq!(
+        (s, status_of(&v).as_str()),
+        (200, "target_accepted"),
+        "{v:?}"
+    );
+    assert_eq!(pre.hits.load(Ordering::Relaxed), 0, "no key was known yet");
+    assert_eq!(
+        pre.sessions(),
+        1,
+        "the core's verification taught the session's key"
+    );
+    let second = c.message(&alice, &bob, "two");
+    let (s, v) = c.send(&alice, &second).await;
+    assert_eq!(
+        (s, status_of(&v).as_str()),
+        (200, "target_accepted"),
+        "{v:?}"
+    );
+    assert_eq!(pre.hits.load(Ordering::Relaxed), 1, "verified on a worker");
+    assert_eq!(pre.waiting(), 0);
+    // Another envelope's signature on this envelope: the worker's check fails, and so does the core's.
+    let mut forged = c.message(&alice, &bob, "three");
+    let sig = |m: &Object| {
+        m.get("envelope")
+            .and_then(Value::as_object)
+            .and_then(|e| e.get("sig"))
+            .cloned()
+            .unwrap()
+    };
+    let mut env = forged
+        .get("envelope")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap();
+    env.insert("sig", sig(&second));
+    forged.insert("envelope", Value::Object(env));
+    let (s, v) = c.send(&alice, &forged).await;
+    assert_eq!(s, 400, "{v:?}");
+    assert_eq!(
+        v.as_object()
+            .and_then(|o| o.get("error"))
+            .and_then(Value::as_object)
+            .and_then(|e| e.get("code"))
+            .and_then(Value::as_str),
+        Some("invalid_signature")
+    );
+    assert_eq!(pre.hits.load(Ordering::Relaxed), 1);
+    assert_eq!(pre.waiting(), 0, "a failure is never remembered");
+    assert_eq!(c.texts(&bob).await, vec!["one", "two"]);
+    a.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
