@@ -114,7 +114,21 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
     if !skip.iter().any(|s| s == "node") {
         eprintln!("node in-process");
         for (storage, s) in node::run(&root(), &fx, sz.syncs, &scratch.join("node"))? {
-            rep.add("node (wasm-bindgen)", &storage, None, s);
+            rep.add(report::NODE, &storage, None, s);
+        }
+        // The Node build runs in its own process, so it cannot take turns with the native
+        // engine: the native engine runs again right after it, and the Node rows are
+        // compared with the mean of the two native runs around them.
+        eprintln!("native engine again, after node");
+        let mut again_mem = inproc::Native::new(inproc::memory());
+        let mut again_sql = inproc::Native::new(inproc::sqlite(&db("native-again"))?);
+        for (storage, samples) in [
+            ("memory", inproc::run(&mut again_mem, &fx, sz.syncs)?),
+            ("sqlite", inproc::run(&mut again_sql, &fx, sz.syncs)?),
+        ] {
+            for s in samples {
+                rep.add(report::NATIVE_AGAIN, storage, None, s);
+            }
         }
     }
     Ok(())
@@ -247,7 +261,7 @@ async fn main() -> anyhow::Result<()> {
     );
     print!("{}", rep.table());
     println!(
-        "x nat: ratio to the native engine on the same storage in this run (HTTP rows: native message.send on SQLite)"
+        "x nat: ratio to the native engine on the same storage in this run (node rows: the mean of the native runs before and after them; HTTP rows: native message.send on SQLite)"
     );
     println!("results: {}", out.join("results.json").display());
     Ok(())
