@@ -57,7 +57,8 @@ fn digest(key: &[u8], sig: &[u8], msg: &[u8]) -> [u8; 32] {
 impl Preverify {
     /// A verification on the core thread, answered from the memory if these exact bytes verified (once).
     pub fn take(&self, key: &[u8], msg: &[u8], sig: &[u8]) -> bool {
-        if !is_envelope_input(msg) {
+        // Nothing waiting (a session's first send, or pre-verification idle): no hash to compute.
+        if !is_envelope_input(msg) || self.waiting() == 0 {
             return false;
         }
         let d = digest(key, sig, msg);
