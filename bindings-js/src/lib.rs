@@ -167,12 +167,7 @@ fn host_verify(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Option<Result<(), 
             )
         }
         .ok()?;
-        match v.as_f64()? {
-            0.0 => Some(Ok(())),
-            1.0 => Some(Err(SignatureError::InvalidKey)),
-            2.0 => Some(Err(SignatureError::Mismatch)),
-            _ => None,
-        }
+        signature::code::verdict(v.as_f64()?)
     })
 }
 
@@ -196,18 +191,11 @@ fn host_sha256(data: &[u8]) -> Option<[u8; 32]> {
     })
 }
 
-/// The core's own strict verification in wasm, without the host (so tests can compare both paths):
-/// 0 valid, 1 invalid key, 2 mismatch, 3 wrong lengths.
+/// The core's own strict verification in wasm, without the host (so tests can compare both paths),
+/// as a verdict code (`signature::code`: 0 valid, 1 invalid key, 2 mismatch, 3 wrong lengths).
 #[wasm_bindgen(js_name = verifyEd25519Own)]
 pub fn verify_ed25519_own(key: &[u8], message: &[u8], signature: &[u8]) -> u32 {
-    let (Ok(key), Ok(sig)) = (<&[u8; 32]>::try_from(key), <&[u8; 64]>::try_from(signature)) else {
-        return 3;
-    };
-    match signature::verify_own(key, message, sig) {
-        Ok(()) => 0,
-        Err(SignatureError::InvalidKey) => 1,
-        Err(SignatureError::Mismatch) => 2,
-    }
+    signature::code::of(signature::verify_own_slices(key, message, signature))
 }
 
 /// The JS platform's CSPRNG (crypto.getRandomValues), through getrandom.

@@ -21,24 +21,20 @@ let loaded;
  */
 export function hostCrypto() {
   if (loaded !== undefined) return loaded;
-  let addon = null;
-  try {
-    addon = require(ADDON.pathname);
-  } catch (e) {
-    if (process.env.RELAY_NATIVE_REQUIRED === '1') throw e;
-  }
-  if (!addon) return (loaded = null);
+  const native = addon();
+  if (!native) return (loaded = null);
   const crypto = {};
-  if (process.env.RELAY_OWN_VERIFY !== '1') crypto.verifyEd25519 = addon.verifyEd25519;
-  if (process.env.RELAY_OWN_SHA256 !== '1') crypto.sha256Into = addon.sha256Into;
+  if (process.env.RELAY_OWN_VERIFY !== '1') crypto.verifyEd25519 = native.verifyEd25519;
+  if (process.env.RELAY_OWN_SHA256 !== '1') crypto.sha256Into = native.sha256Into;
   return (loaded = crypto);
 }
 
-/** The addon itself (for tests that compare it with the core's own verification), or null. */
+/** The addon itself (also for tests that compare it with the core's own verification), or null. */
 export function addon() {
   try {
     return require(ADDON.pathname);
-  } catch {
+  } catch (e) {
+    if (process.env.RELAY_NATIVE_REQUIRED === '1') throw e;
     return null;
   }
 }

@@ -114,15 +114,13 @@ pub fn native_sha256(data: &[u8]) -> (u64, u64, u64, u64) {
 
 /// The host's verdict on a signature: the core's own strict verification, compiled natively.
 pub fn native_verdict(key: &[u8], message: &[u8], signature: &[u8]) -> host::Verdict {
-    use relay_core::wire::signature::{verify_own, SignatureError};
-    let (Ok(key), Ok(sig)) = (<&[u8; 32]>::try_from(key), <&[u8; 64]>::try_from(signature)) else {
-        // Not the shapes the core sends: let the core decide with its own code.
-        return host::Verdict::Declined;
-    };
-    match verify_own(key, message, sig) {
-        Ok(()) => host::Verdict::Valid,
-        Err(SignatureError::InvalidKey) => host::Verdict::InvalidKey,
-        Err(SignatureError::Mismatch) => host::Verdict::Mismatch,
+    use relay_core::wire::signature::{verify_own_slices, SignatureError};
+    // Shapes the core never sends are declined: the core decides them with its own code.
+    match verify_own_slices(key, message, signature) {
+        Some(Ok(())) => host::Verdict::Valid,
+        Some(Err(SignatureError::InvalidKey)) => host::Verdict::InvalidKey,
+        Some(Err(SignatureError::Mismatch)) => host::Verdict::Mismatch,
+        None => host::Verdict::Declined,
     }
 }
 

@@ -30,6 +30,18 @@ async fn two_wasmtime_relays_deliver_a_message_between_accounts_over_http() {
     b.stop().await;
 }
 
+/// Sends `text` from `from` to `to` (on the same relay) and expects `target_accepted`; the params.
+async fn accepted(c: &mut Client, from: &User, to: &User, text: &str) -> Object {
+    let m = c.message(from, to, text);
+    let (s, v) = c.send(from, &m).await;
+    assert_eq!(
+        (s, status_of(&v).as_str()),
+        (200, "target_accepted"),
+        "{v:?}"
+    );
+    m
+}
+
 /// Once the core has verified a session's envelope, the HTTP workers verify that session's next
 /// envelopes ahead of the core thread (natively, off it); a bad signature is still refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,26 +55,14 @@ async fn envelopes_verified_on_the_workers_are_accepted_and_a_bad_signature_is_s
     let mut c = Client::new(7);
     let alice = c.register(&a.url, true).await;
     let bob = c.register(&a.url, true).await;
-    let first = c.message(&alice, &bob, "one");
-    let (s, v) = c.send(&alice, &first).await;
-    assert_eq!(
-        (s, status_of(&v).as_str()),
-        (200, "target_accepted"),
-        "{v:?}"
-    );
+    accepted(&mut c, &alice, &bob, "one").await;
     assert_eq!(pre.hits.load(Ordering::Relaxed), 0, "no key was known yet");
     assert_eq!(
         pre.sessions(),
         1,
         "the core's verification taught the session's key"
     );
-    let second = c.message(&alice, &bob, "two");
-    let (s, v) = c.send(&alice, &second).await;
-    assert_eq!(
-        (s, status_of(&v).as_str()),
-        (200, "target_accepted"),
-        "{v:?}"
-    );
+    let second = accepted(&mut c, &alice, &bob, "two").await;
     assert_eq!(pre.hits.load(Ordering::Relaxed), 1, "verified on a worker");
     assert_eq!(pre.waiting(), 0);
     // Another envelope's signature on this envelope: the worker's check fails, and so does the core's.

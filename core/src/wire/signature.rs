@@ -125,6 +125,49 @@ pub fn verify_own(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Result<(), Sign
         .map_err(|_| SignatureError::Mismatch)
 }
 
+/// [`verify_own`] over slices as a host receives them: `None` when the key is not 32 bytes or
+/// the signature not 64 (the core never asks with other shapes, so a host declines them).
+pub fn verify_own_slices(key: &[u8], msg: &[u8], sig: &[u8]) -> Option<Result<(), SignatureError>> {
+    let key = <&[u8; 32]>::try_from(key).ok()?;
+    let sig = <&[u8; 64]>::try_from(sig).ok()?;
+    Some(verify_own(key, msg, sig))
+}
+
+/// The verdict codes of a JS host's verifier (the Node addon, relay-wasm's `setHostCrypto`).
+pub mod code {
+    /// The signature verifies.
+    pub const VALID: u32 = 0;
+    /// [`super::SignatureError::InvalidKey`].
+    pub const INVALID_KEY: u32 = 1;
+    /// [`super::SignatureError::Mismatch`].
+    pub const MISMATCH: u32 = 2;
+    /// Not decided here (wrong shapes): the core verifies itself.
+    pub const DECLINED: u32 = 3;
+
+    /// A verdict as its code.
+    pub fn of(v: Option<Result<(), super::SignatureError>>) -> u32 {
+        match v {
+            Some(Ok(())) => VALID,
+            Some(Err(super::SignatureError::InvalidKey)) => INVALID_KEY,
+            Some(Err(super::SignatureError::Mismatch)) => MISMATCH,
+            None => DECLINED,
+        }
+    }
+
+    /// A code as a verdict; `None` (declined) for any other value.
+    pub fn verdict(code: f64) -> Option<Result<(), super::SignatureError>> {
+        if code == VALID as f64 {
+            Some(Ok(()))
+        } else if code == INVALID_KEY as f64 {
+            Some(Err(super::SignatureError::InvalidKey))
+        } else if code == MISMATCH as f64 {
+            Some(Err(super::SignatureError::Mismatch))
+        } else {
+            None
+        }
+    }
+}
+
 /// Keys in the memory of decoded keys (for tests of its bound).
 pub fn decoded_keys() -> usize {
     DECODED.with(|d| d.borrow().len())
@@ -168,6 +211,23 @@ impl<'a> Fields<'a> {
 mod tests {
     use super::*;
     use ed25519_dalek::{Signer, SigningKey};
+
+    #[test]
+    fn verdict_codes_round_trip_and_anything_else_declines() {
+        for v in [
+            Some(Ok(())),
+            Some(Err(SignatureError::InvalidKey)),
+            Some(Err(SignatureError::Mismatch)),
+        ] {
+            assert_eq!(code::verdict(code::of(v) as f64), v);
+        }
+        assert_eq!(code::of(None), code::DECLINED);
+        for other in [3.0, -1.0, 0.5, f64::NAN] {
+            assert_eq!(code::verdict(other), None);
+        }
+        assert_eq!(verify_own_slices(&[0u8; 31], b"", &[0u8; 64]), None);
+        assert_eq!(verify_own_slices(&[0u8; 32], b"", &[0u8; 65]), None);
+    }
 
     #[test]
     fn decoded_keys_stay_bounded_and_invalid_keys_are_never_kept() {

@@ -8,27 +8,13 @@
 use napi::bindgen_prelude::Uint8ArraySlice;
 use napi_derive::napi;
 use relay_core::wire::digest::sha256_own;
-use relay_core::wire::signature::{verify_own, SignatureError};
+use relay_core::wire::signature::{code, verify_own_slices};
 
-/// The verdict codes the JS binding maps to the core's: valid, invalid key, mismatch, declined.
-const VALID: u32 = 0;
-const INVALID_KEY: u32 = 1;
-const MISMATCH: u32 = 2;
-const DECLINED: u32 = 3;
-
-/// Strict Ed25519 (ed25519-dalek `verify_strict`) of `signature` over `message` under `key`.
-///
-/// Arguments of the wrong length are declined, so the core decides them itself.
+/// Strict Ed25519 (ed25519-dalek `verify_strict`) of `signature` over `message` under `key`,
+/// as a verdict code (`relay_core::wire::signature::code`); wrong lengths are declined.
 #[napi(js_name = "verifyEd25519")]
 pub fn verify_ed25519(key: &[u8], message: &[u8], signature: &[u8]) -> u32 {
-    let (Ok(key), Ok(sig)) = (<&[u8; 32]>::try_from(key), <&[u8; 64]>::try_from(signature)) else {
-        return DECLINED;
-    };
-    match verify_own(key, message, sig) {
-        Ok(()) => VALID,
-        Err(SignatureError::InvalidKey) => INVALID_KEY,
-        Err(SignatureError::Mismatch) => MISMATCH,
-    }
+    code::of(verify_own_slices(key, message, signature))
 }
 
 /// SHA-256 of `data` written into `out` (32 bytes, else nothing is written and it returns false).
