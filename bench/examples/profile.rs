@@ -5,6 +5,7 @@
 //! `cargo run --release -p relay-bench --example profile -- component N` runs N sends and N
 //! delivers through the component (`WASM=path` to pick one) and prints µs and fuel per
 //! operation; under `RELAY_PERFMAP=1 perf record` the wasm functions have names.
+//! `... -- native N` does the same on the native engine over memory (no fuel).
 
 // The bench's own fixture, configuration and targets, shared with `./x bench`.
 #[path = "../src/fixture.rs"]
@@ -129,6 +130,7 @@ fn component(n: usize) {
         );
         tokens.push(fixture::token(&r.body).expect("session"));
     }
+    perf_enable();
     let (f0, t) = (core.fuel_spent, Instant::now());
     for (s, p) in &fx.sends {
         let r = core.call(
@@ -156,11 +158,55 @@ fn component(n: usize) {
     );
 }
 
+/// N sends and N delivers through the native engine on memory (for `perf record`).
+fn native(n: usize) {
+    let fx = fixture::build(fixture::INPROC_RELAY, n, n, 1);
+    let mut e = Engine::new(inproc::config(), MemoryStore::new(), inproc::seeded(1));
+    let now = now_ms();
+    let mut tokens = Vec::new();
+    for a in &fx.accounts {
+        e.call(&Caller::Anonymous, "account.register", &a.register, now);
+        let r = e.call(&Caller::Anonymous, "session.open", &a.session_open, now);
+        tokens.push(fixture::token(&r.body()).expect("session"));
+    }
+    perf_enable();
+    let t = Instant::now();
+    for (s, p) in &fx.sends {
+        let r = e.call(&Caller::Session(tokens[*s].clone()), "message.send", p, now);
+        assert_eq!(r.http_status(), 200);
+    }
+    let (send, t) = (t.elapsed(), Instant::now());
+    let peer = Caller::Relay(RelayId::parse(fixture::PEER_RELAY).expect("peer"));
+    for p in &fx.delivers {
+        let r = e.call(&peer, "message.deliver", p, now);
+        assert_eq!(r.http_status(), 200);
+    }
+    let deliver = t.elapsed();
+    let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64;
+    println!(
+        "native engine, memory: message.send {:.1} µs, message.deliver {:.1} µs (per operation)",
+        per(send),
+        per(deliver)
+    );
+}
+
+/// Tells a waiting `perf record --control fifo:PATH -D -1` to start sampling, once the
+/// fixture is signed (`PERF_CTL_FIFO=PATH`), so a profile holds the operations only.
+fn perf_enable() {
+    if let Some(path) = std::env::var_os("PERF_CTL_FIFO") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(path) {
+            let _ = f.write_all(b"enable\n");
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("calls") => calls(),
+        Some("native") => native(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(2000)),
         Some("component") => component(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(2000)),
-        _ => eprintln!("usage: profile calls | profile component [N]"),
+        _ => eprintln!("usage: profile calls | profile native [N] | profile component [N]"),
     }
 }

@@ -187,6 +187,15 @@ proptest! {
         canonical::write_string(&s, &mut out);
         prop_assert_eq!(out, escape_reference(&s));
     }
+
+    /// Text written into a `String` is byte for byte what is written into bytes, any Unicode included.
+    #[test]
+    fn string_and_byte_sinks_write_the_same_text(s in prop_oneof![arb_escapable(), any::<String>()]) {
+        let (mut bytes, mut text) = (Vec::new(), String::new());
+        canonical::write_string(&s, &mut bytes);
+        canonical::write_string(&s, &mut text);
+        prop_assert_eq!(text.into_bytes(), bytes);
+    }
 }
 
 /// Every control character, quote and backslash is escaped wherever it sits in an 8-byte word.
@@ -211,10 +220,13 @@ proptest! {
         m in prop::collection::btree_map(any::<String>(), arb_value(), 0..8)
     ) {
         let o: Object = m.into_iter().collect();
-        let texts: Vec<(String, Vec<u8>)> =
-            o.iter().map(|(k, v)| (k.to_string(), canonical::to_vec(v))).collect();
-        let mut members: Vec<(&str, &[u8])> =
-            texts.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
-        prop_assert_eq!(canonical::object_of_canonical(&mut members), canonical::object_to_vec(&o));
+        let texts: Vec<(String, String)> =
+            o.iter().map(|(k, v)| (k.to_string(), canonical::to_string(v))).collect();
+        let mut members: Vec<(&str, &str)> =
+            texts.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        prop_assert_eq!(
+            canonical::object_of_canonical(&mut members).into_bytes(),
+            canonical::object_to_vec(&o)
+        );
     }
 }

@@ -41,7 +41,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// Holds `route` if its revision is higher than the held one; same revision, other content: `state_conflict`.
     pub(crate) fn store_route(&mut self, route: &Route) -> Result<RouteUpdate, Error> {
         let account = route.account.as_str();
-        let text = String::from_utf8(route.canonical()).unwrap_or_default();
+        let text = route.canonical_string();
         if let Some(held) = self.held_route(account)? {
             if held.revision > route.revision {
                 return Ok(RouteUpdate::Older);
@@ -61,7 +61,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             &RouteRec {
                 revision: route.revision,
                 relay: route.relay.as_str().to_string(),
-                route: Canon::new(text)?,
+                route: Canon::new(text),
             },
         );
         Ok(RouteUpdate::Replaced)
@@ -88,7 +88,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     fn put_certificate(&mut self, cert: &DeviceCertificate) -> Result<(), Error> {
         let account = cert.account.as_str();
         let device = cert.device_id.as_str();
-        let text = String::from_utf8(cert.canonical()).unwrap_or_default();
+        let text = cert.canonical_string();
         let held: Option<DeviceRec> = self.txn.get(&k::device(account, device))?;
         match held {
             Some(d) if d.revoked => {
@@ -120,7 +120,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.txn.put(
             k::device(account, device),
             &DeviceRec {
-                cert: Canon::new(text)?,
+                cert: Canon::new(text),
                 issued_at: cert.issued_at,
                 expires_at: cert.expires_at,
                 send: cert.permissions.send,

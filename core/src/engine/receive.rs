@@ -139,7 +139,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 Vec::new(),
             );
         }
-        let cert_text = String::from_utf8(cert.canonical()).unwrap_or_default();
+        let cert_text = cert.canonical_string();
         self.append(
             to,
             Kind::Received,

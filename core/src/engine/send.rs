@@ -136,7 +136,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .created_at
             .saturating_add(p_.message_delivery_age_limit)
             .min(retain_until);
-        let cert_text = String::from_utf8(cert.canonical()).unwrap_or_default();
+        let cert_text = cert.canonical_string();
         let mut rec = SendRec {
             hash,
             to: to.clone(),
@@ -184,18 +184,17 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         // The deliver params, built once: every attempt sends these exact bytes.
         let boxes_value = f.get("recipient_boxes").cloned().unwrap_or(Value::Null);
-        let boxes_text = canonical::to_vec(&boxes_value);
-        let auth_text = f.get("authorization").map(canonical::to_vec);
-        let mut members: Vec<(&str, &[u8])> = vec![
-            ("envelope", env.canonical_text().as_bytes()),
+        let boxes_text = canonical::to_string(&boxes_value);
+        let auth_text = f.get("authorization").map(canonical::to_string);
+        let mut members: Vec<(&str, &str)> = vec![
+            ("envelope", env.canonical_text()),
             ("recipient_boxes", &boxes_text),
-            ("device_certificate", cert_text.as_bytes()),
+            ("device_certificate", &cert_text),
         ];
         if let Some(a) = &auth_text {
             members.push(("authorization", a));
         }
-        let body =
-            String::from_utf8(canonical::object_of_canonical(&mut members)).unwrap_or_default();
+        let body = canonical::object_of_canonical(&mut members);
         let Some(route) = route else {
             return Err(Error::new(
                 ErrorCode::Internal,
@@ -209,7 +208,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             to,
             target: route.relay,
             route_revision: route.revision,
-            body: Canon::new(body)?,
+            body: Canon::new(body),
             attempt: 0,
             failures: 0,
             state: TaskState::Waiting,

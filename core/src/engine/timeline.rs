@@ -65,9 +65,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
             stored.push(BoxRec {
                 device_id: id.to_string(),
-                key_box: Canon::new(
-                    String::from_utf8(canonical::object_to_vec(b.raw())).unwrap_or_default(),
-                )?,
+                key_box: Canon::new(canonical::object_to_string(b.raw())),
             });
         }
         let expires_at = self.now.saturating_add(self.cfg.policies.message_retention);
@@ -80,8 +78,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 accepted_at: self.now,
                 expires_at,
                 body_expires_at,
-                envelope: Canon::new(envelope.to_string())?,
-                certificate: Canon::new(certificate.to_string())?,
+                envelope: Canon::new(envelope.to_string()),
+                certificate: Canon::new(certificate.to_string()),
                 boxes: stored,
                 visible,
             },

@@ -82,10 +82,8 @@ impl MessageEnvelope {
 
     /// The canonical form as text, computed once.
     pub fn canonical_text(&self) -> &str {
-        self.text.get_or_init(|| {
-            // Canonical output is built from UTF-8 strings and ASCII punctuation only.
-            String::from_utf8(super::canonical::object_to_vec(&self.raw)).unwrap_or_default()
-        })
+        self.text
+            .get_or_init(|| super::canonical::object_to_string(&self.raw))
     }
 
     /// Checks the certificate names this envelope's sender and verifies the device signature.
@@ -121,7 +119,7 @@ impl SignedObject for MessageEnvelope {
     fn sig(&self) -> &[u8; 64] {
         &self.sig
     }
-    fn canonical(&self) -> Vec<u8> {
-        self.canonical_text().as_bytes().to_vec()
+    fn canonical_string(&self) -> String {
+        self.canonical_text().to_string()
     }
 }

@@ -196,7 +196,12 @@ pub trait SignedObject {
 
     /// The object's canonical form.
     fn canonical(&self) -> Vec<u8> {
-        canonical::object_to_vec(self.raw())
+        self.canonical_string().into_bytes()
+    }
+
+    /// The object's canonical form as text (for records, which keep it as text).
+    fn canonical_string(&self) -> String {
+        canonical::object_to_string(self.raw())
     }
 }
 
