@@ -21,9 +21,18 @@ use crate::wire::key_box::parse_boxes;
 use crate::wire::signature::SignedObject;
 use crate::{Error, ErrorCode};
 
-/// The logical request hash: base64url(sha256(JCS(params))).
-pub(crate) fn params_hash(p: &Object) -> String {
-    canonical_hash(&canonical::object_to_vec(p))
+/// The logical request hash: base64url(sha256(JCS(params))), with the envelope's
+/// canonical text (which acceptance needs anyway) spliced in rather than written twice.
+pub(crate) fn params_hash(p: &Object, envelope: &MessageEnvelope) -> String {
+    let texts: Vec<(&str, std::borrow::Cow<'_, str>)> = p
+        .iter()
+        .map(|(k, v)| match k {
+            "envelope" => (k, envelope.canonical_text().into()),
+            _ => (k, canonical::to_string(v).into()),
+        })
+        .collect();
+    let mut members: Vec<(&str, &str)> = texts.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+    canonical_hash(canonical::object_of_canonical(&mut members).as_bytes())
 }
 
 /// The params hash of params whose canonical form is `jcs`.
@@ -35,6 +44,9 @@ pub(crate) fn canonical_hash(jcs: &[u8]) -> String {
 pub(crate) struct Incoming {
     pub params: Object,
     pub envelope: MessageEnvelope,
+    /// The certificate already parsed, with its canonical text (local delivery: the
+    /// sender's registered certificate), so the receiving rules do not parse it again.
+    pub certificate: Option<(DeviceCertificate, String)>,
 }
 
 impl Incoming {
@@ -46,7 +58,11 @@ impl Incoming {
         f.opt_object("authorization")?;
         let envelope = MessageEnvelope::parse(f.object("envelope")?.clone())
             .map_err(|e| e.within("envelope"))?;
-        Ok(Incoming { params, envelope })
+        Ok(Incoming {
+            params,
+            envelope,
+            certificate: None,
+        })
     }
 }
 
@@ -57,7 +73,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let peer = require_relay(caller)?.clone();
         let from = inc.envelope.from.as_str().to_string();
         let id = inc.envelope.message_id.clone();
-        let hash = params_hash(&inc.params);
+        let hash = params_hash(&inc.params, &inc.envelope);
         if let Some(r) = self.txn.get::<RecvRec>(&k::received(&from, &id))? {
             if r.hash != hash {
                 return Err(state_conflict());
@@ -100,10 +116,17 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         if env.network != self.cfg.network {
             return Err(FieldError::invalid("envelope.network", "is another network").into());
         }
-        let cert = DeviceCertificate::parse(f.object("device_certificate")?.clone())
-            .map_err(|e| e.within("device_certificate"))?;
+        let parsed;
+        let (cert, cert_text) = match &inc.certificate {
+            Some((cert, text)) => (cert, text.clone()),
+            None => {
+                parsed = DeviceCertificate::parse(f.object("device_certificate")?.clone())
+                    .map_err(|e| e.within("device_certificate"))?;
+                (&parsed, parsed.canonical_string())
+            }
+        };
         cert.verify(&self.cfg.network)?;
-        env.verify_with(&cert)?;
+        env.verify_with(cert)?;
         cert.check_valid_at(env.created_at, tol)?;
         // Rule 3: this relay's clock tolerance and delivery age limit.
         self.check_created_at(env.created_at)?;
@@ -139,7 +162,6 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 Vec::new(),
             );
         }
-        let cert_text = cert.canonical_string();
         self.append(
             to,
             Kind::Received,
@@ -224,4 +246,50 @@ pub(crate) fn state_conflict() -> Error {
         ErrorCode::StateConflict,
         "a different request with this (from, message_id) was already accepted",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{draft, AccountKey, DeviceKey};
+    use crate::wire::json::parse_object;
+
+    #[test]
+    fn the_params_hash_is_the_hash_of_the_canonical_params() {
+        let (alice, bob) = (
+            AccountKey::from_seed([1; 32]),
+            AccountKey::from_seed([2; 32]),
+        );
+        let phone = DeviceKey::from_seeds([3; 32], [4; 32]);
+        let mut body = Object::new();
+        body.insert("ct", "Zm9v\u{e9}\"\\");
+        let env = draft::envelope(
+            "dev",
+            "AAAAAAAAAAAAAAAAAAAAAA",
+            &alice.id(),
+            &phone.id(),
+            &bob.id(),
+            1_700_000_000_000,
+            body,
+        )
+        .sign(&phone);
+        // Members in a non-canonical order and spacing, as a client may send them.
+        let text = format!(
+            r#"{{ "recipient_boxes" : [{{"device_id":"x","z":1,"a":[true,null]}}],
+                 "envelope" : {}, "authorization": {{"type":"grant","b":"\u00e9"}} }}"#,
+            canonical::to_string(&Value::Object(env))
+        );
+        let p = parse_object(text.as_bytes()).expect("params");
+        let e = MessageEnvelope::parse(
+            p.get("envelope")
+                .and_then(Value::as_object)
+                .cloned()
+                .expect("envelope"),
+        )
+        .expect("envelope parses");
+        assert_eq!(
+            params_hash(&p, &e),
+            canonical_hash(&canonical::object_to_vec(&p))
+        );
+    }
 }

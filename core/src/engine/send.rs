@@ -53,7 +53,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let from = env.from.as_str().to_string();
         let to = env.to.as_str().to_string();
         let id = env.message_id.clone();
-        let hash = params_hash(&p);
+        let hash = params_hash(&p, &env);
         if let Some(r) = self.txn.get::<SendRec>(&k::sent(&from, &id))? {
             if r.hash != hash {
                 return Err(state_conflict());
@@ -136,7 +136,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .created_at
             .saturating_add(p_.message_delivery_age_limit)
             .min(retain_until);
-        let cert_text = cert.canonical_string();
+        // The registered certificate is stored in canonical form.
+        let cert_text = s.device.cert.as_str().to_string();
         let mut rec = SendRec {
             hash,
             to: to.clone(),
@@ -229,12 +230,14 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             deliver.insert("envelope", Value::Object(env.raw().clone()));
             deliver.insert("recipient_boxes", boxes_value);
             deliver.insert("device_certificate", Value::Object(cert.raw().clone()));
+            let certificate = Some((cert, cert_text));
             if let Some(a) = f.get("authorization") {
                 deliver.insert("authorization", a.clone());
             }
             Incoming {
                 params: deliver,
                 envelope: env,
+                certificate,
             }
         });
         self.start_task(&task_id(&from, &id), task, parsed)?;
