@@ -102,10 +102,16 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let env = &inc.envelope;
         let to = env.to.as_str();
         let tol = self.cfg.policies.clock_tolerance;
-        // Rule 1: this relay is the home designated by the recipient's current route.
-        if !self.serves(to)? {
-            return Err(self.not_home(to));
-        }
+        // Rule 1: this relay is the home designated by the recipient's current route
+        // (what `serves` decides; the account record is kept for rule 4 and the append).
+        let home = self
+            .held_route(to)?
+            .is_some_and(|r| r.relay == self.cfg.relay.as_str());
+        let acct: Option<AccountRec> = self.txn.get(&k::account(to))?;
+        let acct = match acct {
+            Some(a) if home => a,
+            _ => return Err(self.not_home(to)),
+        };
         // Rule 2: object constraints, the certificate, the envelope signature.
         let f = Fields::new(&inc.params);
         let boxes = parse_boxes(
@@ -131,10 +137,6 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         // Rule 3: this relay's clock tolerance and delivery age limit.
         self.check_created_at(env.created_at)?;
         // Rule 4: account access authorization.
-        let acct: AccountRec = self
-            .txn
-            .get(&k::account(to))?
-            .ok_or_else(|| self.not_home(to))?;
         let auth = f
             .opt_object("authorization")?
             .map(|o| Authorization::parse(o.clone()).map_err(|e| e.within("authorization")))
@@ -150,7 +152,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             None => {}
         }
         // Rule 5: at least one box names a device valid now.
-        if !self.any_valid_device(to, &boxes)? {
+        let visible = self.visible_devices(to, &boxes)?;
+        if visible.is_empty() {
             return Err(Error::new(
                 ErrorCode::DeviceUnknown,
                 "no recipient box names a valid device of the recipient",
@@ -169,6 +172,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             env.body_expires_at,
             &cert_text,
             &boxes,
+            Some((acct, visible)),
         )?;
         let retain_until = self.now.saturating_add(self.cfg.policies.message_retention);
         let rec = RecvRec {

@@ -153,12 +153,19 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
         if self_delivery {
             // Receiving rules at once: 1 (home: checked above), 2 and 3 (checked above), 5.
-            if !self.any_valid_device(&to, &recipient_boxes)? {
+            let visible = self.visible_devices(&to, &recipient_boxes)?;
+            if visible.is_empty() {
                 return Err(Error::new(
                     ErrorCode::DeviceUnknown,
                     "no recipient box names a valid device of the account",
                 ));
             }
+            let acct = self.txn.get(&k::account(&to))?.ok_or_else(|| {
+                Error::new(
+                    ErrorCode::Internal,
+                    "self-delivery to an account not served here",
+                )
+            })?;
             self.append(
                 &to,
                 Kind::SelfDelivery,
@@ -166,6 +173,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 env.body_expires_at,
                 &cert_text,
                 &recipient_boxes,
+                Some((acct, visible)),
             )?;
             rec.status = Status::TargetAccepted.as_str().to_string();
             rec.target_accepted_at = Some(self.now);
@@ -181,6 +189,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 env.body_expires_at,
                 &cert_text,
                 boxes,
+                None,
             )?;
         }
         // The deliver params, built once: every attempt sends these exact bytes.

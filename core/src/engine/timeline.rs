@@ -41,6 +41,10 @@ impl Kind {
 
 impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// Appends a record to `account`'s timeline and notifies its devices; returns the sequence.
+    ///
+    /// `known` is the account record and the boxes' valid devices when the caller has
+    /// just read them (the receiving rules do), so they are not read again.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn append(
         &mut self,
         account: &str,
@@ -49,20 +53,23 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         body_expires_at: Option<u64>,
         certificate: &str,
         boxes: &[KeyBox],
+        known: Option<(AccountRec, Vec<String>)>,
     ) -> Result<u64, Error> {
-        let mut acct: AccountRec = self.txn.get(&k::account(account))?.ok_or_else(|| {
-            Error::new(ErrorCode::Internal, "append to an account not served here")
-        })?;
+        let (mut acct, visible) = match known {
+            Some(k) => k,
+            None => {
+                let acct: AccountRec = self.txn.get(&k::account(account))?.ok_or_else(|| {
+                    Error::new(ErrorCode::Internal, "append to an account not served here")
+                })?;
+                (acct, self.visible_devices(account, boxes)?)
+            }
+        };
         acct.latest_seq += 1;
         let seq = acct.latest_seq;
         self.txn.put(k::account(account), &acct);
-        let mut visible = Vec::new();
         let mut stored = Vec::with_capacity(boxes.len());
         for b in boxes {
             let id = b.device_id.as_str();
-            if self.valid_device(account, id)?.is_some() {
-                visible.push(id.to_string());
-            }
             stored.push(BoxRec {
                 device_id: id.to_string(),
                 key_box: Canon::new(canonical::object_to_string(b.raw())),
@@ -92,18 +99,20 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         Ok(seq)
     }
 
-    /// Whether any device of `boxes` is valid in the account's device state now (receiving rule 5).
-    pub(crate) fn any_valid_device(
+    /// The devices of `boxes` valid in the account's device state now: who may read a
+    /// record appended now, and (when empty) the failure of receiving rule 5.
+    pub(crate) fn visible_devices(
         &mut self,
         account: &str,
         boxes: &[KeyBox],
-    ) -> Result<bool, Error> {
+    ) -> Result<Vec<String>, Error> {
+        let mut visible = Vec::new();
         for b in boxes {
             if self.valid_device(account, b.device_id.as_str())?.is_some() {
-                return Ok(true);
+                visible.push(b.device_id.as_str().to_string());
             }
         }
-        Ok(false)
+        Ok(visible)
     }
 
     /// `message.timeline.sync` (`sync`): `{after, limit?}`.
