@@ -68,6 +68,21 @@ impl Storage for Logged {
     }
 }
 
+/// Registers the fixture's accounts on a native engine; their session tokens.
+fn register<S: Storage>(
+    e: &mut Engine<S, inproc::Seeded>,
+    fx: &fixture::Fixture,
+    now: u64,
+) -> Vec<String> {
+    let mut tokens = Vec::new();
+    for a in &fx.accounts {
+        e.call(&Caller::Anonymous, "account.register", &a.register, now);
+        let r = e.call(&Caller::Anonymous, "session.open", &a.session_open, now);
+        tokens.push(fixture::token(&r.body()).expect("session"));
+    }
+    tokens
+}
+
 fn calls() {
     let fx = fixture::build(fixture::INPROC_RELAY, 8, 1, 1);
     let on = Rc::new(Cell::new(false));
@@ -79,12 +94,7 @@ fn calls() {
     };
     let mut e = Engine::new(inproc::config(), store, inproc::seeded(1));
     let now = now_ms();
-    let mut tokens = Vec::new();
-    for a in &fx.accounts {
-        e.call(&Caller::Anonymous, "account.register", &a.register, now);
-        let r = e.call(&Caller::Anonymous, "session.open", &a.session_open, now);
-        tokens.push(fixture::token(&r.body()).expect("session"));
-    }
+    let tokens = register(&mut e, &fx, now);
     for (i, (s, p)) in fx.sends.iter().enumerate() {
         // The last send is logged, after the others warmed every record it touches.
         on.set(i + 1 == fx.sends.len());
@@ -163,12 +173,7 @@ fn native(n: usize) {
     let fx = fixture::build(fixture::INPROC_RELAY, n, n, 1);
     let mut e = Engine::new(inproc::config(), MemoryStore::new(), inproc::seeded(1));
     let now = now_ms();
-    let mut tokens = Vec::new();
-    for a in &fx.accounts {
-        e.call(&Caller::Anonymous, "account.register", &a.register, now);
-        let r = e.call(&Caller::Anonymous, "session.open", &a.session_open, now);
-        tokens.push(fixture::token(&r.body()).expect("session"));
-    }
+    let tokens = register(&mut e, &fx, now);
     perf_enable();
     let t = Instant::now();
     for (s, p) in &fx.sends {

@@ -63,14 +63,9 @@ pub(crate) fn session(token_hash: &str) -> Vec<u8> {
 }
 /// Sessions of one device (for revocation).
 pub(crate) fn device_session(account: &str, device: &str, token_hash: &str) -> Vec<u8> {
-    key(&[
-        b"sessdev/",
-        account.as_bytes(),
-        b"/",
-        device.as_bytes(),
-        b"/",
-        token_hash.as_bytes(),
-    ])
+    let mut k = device_sessions(account, device);
+    k.extend_from_slice(token_hash.as_bytes());
+    k
 }
 pub(crate) fn device_sessions(account: &str, device: &str) -> Vec<u8> {
     key(&[
@@ -202,6 +197,7 @@ mod tests {
         // Stores written before keys were built without `format!` must still be read.
         assert_eq!(account("a"), b"acct/a");
         assert_eq!(device("a", "d"), b"dev/a/d");
+        assert_eq!(device_session("a", "d", "h"), b"sessdev/a/d/h");
         assert_eq!(record("a", 7), b"tl/a/00000000000000000007");
         assert_eq!(due(12, "t.m"), b"due/00000000000000000012/t.m");
         assert_eq!(due_until(12), b"due/00000000000000000013/");
