@@ -21,18 +21,28 @@ use crate::wire::key_box::parse_boxes;
 use crate::wire::signature::SignedObject;
 use crate::{Error, ErrorCode};
 
-/// The logical request hash: base64url(sha256(JCS(params))), with the envelope's
-/// canonical text (which acceptance needs anyway) spliced in rather than written twice.
+/// The logical request hash: base64url(sha256(JCS(params))), where the params are `p`
+/// with `envelope` as their `envelope` member (taken out of `p` when it was parsed, so it
+/// is not cloned); the envelope's canonical text, which acceptance needs anyway, is spliced in.
 pub(crate) fn params_hash(p: &Object, envelope: &MessageEnvelope) -> String {
-    let texts: Vec<(&str, std::borrow::Cow<'_, str>)> = p
+    let texts: Vec<(&str, String)> = p
         .iter()
-        .map(|(k, v)| match k {
-            "envelope" => (k, envelope.canonical_text().into()),
-            _ => (k, canonical::to_string(v).into()),
-        })
+        .filter(|(k, _)| *k != "envelope")
+        .map(|(k, v)| (k, canonical::to_string(v)))
         .collect();
-    let mut members: Vec<(&str, &str)> = texts.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+    let mut members: Vec<(&str, &str)> = texts.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    members.push(("envelope", envelope.canonical_text()));
     canonical_hash(canonical::object_of_canonical(&mut members).as_bytes())
+}
+
+/// Takes the `envelope` member out of `p` and parses it (the caller checked it is an object).
+pub(crate) fn take_envelope(p: &mut Object) -> Result<MessageEnvelope, Error> {
+    match p.remove("envelope") {
+        Some(Value::Object(o)) => {
+            MessageEnvelope::parse(o).map_err(|e| e.within("envelope").into())
+        }
+        _ => Err(FieldError::invalid("envelope", "must be an object").into()),
+    }
 }
 
 /// The params hash of params whose canonical form is `jcs`.
@@ -42,6 +52,7 @@ pub(crate) fn canonical_hash(jcs: &[u8]) -> String {
 
 /// message.deliver params, parsed to the depth needed for the logical key.
 pub(crate) struct Incoming {
+    /// The params without their `envelope` member (that is `envelope`).
     pub params: Object,
     pub envelope: MessageEnvelope,
     /// The certificate already parsed, with its canonical text (local delivery: the
@@ -51,13 +62,13 @@ pub(crate) struct Incoming {
 
 impl Incoming {
     /// Parameter shape: the members' types, and the envelope's object constraints (it holds the key).
-    pub(crate) fn parse(params: Object) -> Result<Incoming, Error> {
+    pub(crate) fn parse(mut params: Object) -> Result<Incoming, Error> {
         let f = Fields::new(&params);
         f.array("recipient_boxes")?;
         f.object("device_certificate")?;
         f.opt_object("authorization")?;
-        let envelope = MessageEnvelope::parse(f.object("envelope")?.clone())
-            .map_err(|e| e.within("envelope"))?;
+        f.object("envelope")?;
+        let envelope = take_envelope(&mut params)?;
         Ok(Incoming {
             params,
             envelope,
@@ -284,16 +295,15 @@ mod tests {
             canonical::to_string(&Value::Object(env))
         );
         let p = parse_object(text.as_bytes()).expect("params");
-        let e = MessageEnvelope::parse(
-            p.get("envelope")
-                .and_then(Value::as_object)
-                .cloned()
-                .expect("envelope"),
-        )
-        .expect("envelope parses");
+        let want = canonical_hash(&canonical::object_to_vec(&p));
+        let mut rest = p.clone();
+        let e = take_envelope(&mut rest).expect("envelope parses");
+        assert!(!rest.contains("envelope"));
+        assert_eq!(params_hash(&rest, &e), want);
         assert_eq!(
             params_hash(&p, &e),
-            canonical_hash(&canonical::object_to_vec(&p))
+            want,
+            "a present envelope member is the same one"
         );
     }
 }

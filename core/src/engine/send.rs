@@ -6,7 +6,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
-use super::receive::{params_hash, state_conflict, Incoming};
+use super::receive::{params_hash, state_conflict, take_envelope, Incoming};
 use super::records::{Canon, SendRec, TaskRec, TaskState};
 use super::session::Need;
 use super::status::{self, Status};
@@ -16,7 +16,6 @@ use super::{Caller, Entropy};
 use crate::wire::authorization::Authorization;
 use crate::wire::canonical;
 use crate::wire::certificate::DeviceCertificate;
-use crate::wire::envelope::MessageEnvelope;
 use crate::wire::field::{FieldError, Fields};
 use crate::wire::json::{self, Object, Value};
 use crate::wire::key_box::parse_boxes;
@@ -30,7 +29,7 @@ pub(crate) fn task_id(from: &str, message_id: &str) -> String {
 
 impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// `message.send` (`send`).
-    pub(crate) fn message_send(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
+    pub(crate) fn message_send(&mut self, caller: &Caller, mut p: Object) -> Result<Value, Error> {
         // 1. Parameter shape.
         let f = Fields::new(&p);
         f.array("recipient_boxes")?;
@@ -39,8 +38,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         f.opt_object("authorization")?;
         f.opt_object("recipient_route")?;
-        let env = MessageEnvelope::parse(f.object("envelope")?.clone())
-            .map_err(|e| e.within("envelope"))?;
+        f.object("envelope")?;
+        // From here `p` holds the other members; `env` is the envelope.
+        let env = take_envelope(&mut p)?;
+        let f = Fields::new(&p);
         // 2. Session, permission, and that it acts for the envelope's sender device.
         let s = self.session(caller, Need::Send)?;
         if s.account != env.from.as_str() || s.device_id != env.from_device_id.as_str() {
@@ -236,7 +237,6 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         // re-parses them nor verifies the envelope again (it just verified).
         let parsed = (task.target == self.cfg.relay.as_str()).then(|| {
             let mut deliver = Object::new();
-            deliver.insert("envelope", Value::Object(env.raw().clone()));
             deliver.insert("recipient_boxes", boxes_value);
             deliver.insert("device_certificate", Value::Object(cert.raw().clone()));
             let certificate = Some((cert, cert_text));
