@@ -1,7 +1,7 @@
 //! One operation in progress: its transaction, its time, its effects; and the helpers every method shares.
 
 use super::keyspace as k;
-use super::records::{DeviceRec, RouteRec};
+use super::records::{AccountRec, DeviceRec, RouteRec};
 use super::storage::{Storage, StorageError};
 use super::txn::Txn;
 use super::{Caller, Config, Effect, Entropy};
@@ -95,9 +95,25 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
 
     /// Whether this relay is the home designated by the account's current route, and serves it.
     pub(crate) fn serves(&mut self, account: &str) -> Result<bool, StorageError> {
+        Ok(self.routes_here(account)? && self.txn.get_raw(&k::account(account))?.is_some())
+    }
+
+    /// The account's record when this relay serves it (as [`Ctx::serves`] decides), for
+    /// callers that go on to use the record.
+    pub(crate) fn home_account(
+        &mut self,
+        account: &str,
+    ) -> Result<Option<AccountRec>, StorageError> {
+        if !self.routes_here(account)? {
+            return Ok(None);
+        }
+        self.txn.get(&k::account(account))
+    }
+
+    /// Whether the account's current route designates this relay.
+    fn routes_here(&mut self, account: &str) -> Result<bool, StorageError> {
         let route = self.held_route(account)?;
-        Ok(route.is_some_and(|r| r.relay == self.cfg.relay.as_str())
-            && self.txn.get_raw(&k::account(account))?.is_some())
+        Ok(route.is_some_and(|r| r.relay == self.cfg.relay.as_str()))
     }
 
     /// `not_home_relay`, carrying the highest route held in `data.route`.

@@ -6,7 +6,7 @@
 
 use super::context::{require_relay, Ctx};
 use super::keyspace as k;
-use super::records::{AccountRec, RecvRec};
+use super::records::RecvRec;
 use super::storage::Storage;
 use super::timeline::Kind;
 use super::{status, Caller, Entropy};
@@ -35,8 +35,9 @@ pub(crate) fn params_hash(p: &Object, envelope: &MessageEnvelope) -> String {
     canonical_hash(canonical::object_of_canonical(&mut members).as_bytes())
 }
 
-/// Takes the `envelope` member out of `p` and parses it (the caller checked it is an object).
+/// Takes the required `envelope` object out of `p` and parses it (so it is never cloned).
 pub(crate) fn take_envelope(p: &mut Object) -> Result<MessageEnvelope, Error> {
+    Fields::new(p).object("envelope")?;
     match p.remove("envelope") {
         Some(Value::Object(o)) => {
             MessageEnvelope::parse(o).map_err(|e| e.within("envelope").into())
@@ -67,7 +68,6 @@ impl Incoming {
         f.array("recipient_boxes")?;
         f.object("device_certificate")?;
         f.opt_object("authorization")?;
-        f.object("envelope")?;
         let envelope = take_envelope(&mut params)?;
         Ok(Incoming {
             params,
@@ -114,14 +114,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let to = env.to.as_str();
         let tol = self.cfg.policies.clock_tolerance;
         // Rule 1: this relay is the home designated by the recipient's current route
-        // (what `serves` decides; the account record is kept for rule 4 and the append).
-        let home = self
-            .held_route(to)?
-            .is_some_and(|r| r.relay == self.cfg.relay.as_str());
-        let acct: Option<AccountRec> = self.txn.get(&k::account(to))?;
-        let acct = match acct {
-            Some(a) if home => a,
-            _ => return Err(self.not_home(to)),
+        // (the account record is kept for rule 4 and the append).
+        let Some(acct) = self.home_account(to)? else {
+            return Err(self.not_home(to));
         };
         // Rule 2: object constraints, the certificate, the envelope signature.
         let f = Fields::new(&inc.params);
@@ -134,12 +129,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             return Err(FieldError::invalid("envelope.network", "is another network").into());
         }
         let parsed;
-        let (cert, cert_text) = match &inc.certificate {
-            Some((cert, text)) => (cert, text.clone()),
+        let (cert, cert_text): (_, std::borrow::Cow<'_, str>) = match &inc.certificate {
+            Some((cert, text)) => (cert, text.as_str().into()),
             None => {
                 parsed = DeviceCertificate::parse(f.object("device_certificate")?.clone())
                     .map_err(|e| e.within("device_certificate"))?;
-                (&parsed, parsed.canonical_string())
+                (&parsed, parsed.canonical_string().into())
             }
         };
         cert.verify(&self.cfg.network)?;

@@ -38,7 +38,6 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         f.opt_object("authorization")?;
         f.opt_object("recipient_route")?;
-        f.object("envelope")?;
         // From here `p` holds the other members; `env` is the envelope.
         let env = take_envelope(&mut p)?;
         let f = Fields::new(&p);
@@ -62,9 +61,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             return Ok(status::from_send(&from, &id, &r));
         }
         // 4. The method's checks.
-        if !self.serves(&from)? {
+        let Some(from_acct) = self.home_account(&from)? else {
             return Err(self.not_home(&from));
-        }
+        };
         if env.network != self.cfg.network {
             return Err(FieldError::invalid("envelope.network", "is another network").into());
         }
@@ -161,12 +160,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     "no recipient box names a valid device of the account",
                 ));
             }
-            let acct = self.txn.get(&k::account(&to))?.ok_or_else(|| {
-                Error::new(
-                    ErrorCode::Internal,
-                    "self-delivery to an account not served here",
-                )
-            })?;
+            // `to` is `from`, whose record was read above and is not written in between.
             self.append(
                 &to,
                 Kind::SelfDelivery,
@@ -174,7 +168,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 env.body_expires_at,
                 &cert_text,
                 &recipient_boxes,
-                Some((acct, visible)),
+                Some((from_acct, visible)),
             )?;
             rec.status = Status::TargetAccepted.as_str().to_string();
             rec.target_accepted_at = Some(self.now);
