@@ -506,6 +506,10 @@ fn seed_status_queries_and_result_retention_every_host() {
     });
 }
 
+/// How close to the deadline an attempt's answer may be written and still count as in
+/// flight at the deadline (the source's deadline timer and that answer race).
+const IN_FLIGHT_MARGIN_MS: u64 = 250;
+
 /// Seed, "Delivery Deadlines and Retries": a destination that never answers well ends the
 /// delivery failed with deadline_exceeded at the fixed deadline, carrying the last error
 /// (`result_unknown` when the last outcome was never learned); nothing is sent after it.
@@ -542,12 +546,23 @@ fn seed_delivery_deadline_every_pair() {
             b.proxy.heal();
             assert_eq!(code_of(&st), "deadline_exceeded", "{st:?}");
             let data = field(&st, "error").and_then(|e| field(e, "data")).cloned();
-            assert_eq!(
-                data.as_ref().map(|d| str_of(d, "last_error")).as_deref(),
-                Some(last),
-                "{st:?}"
+            let seen = data.as_ref().map(|d| str_of(d, "last_error"));
+            let hits = b.proxy.delivers(&message_id(&p));
+            // An attempt still in flight at the deadline has an outcome never learned, so
+            // `result_unknown` is right for it whatever the fault: allowed only when the
+            // last attempt was answered so near the deadline that its answer could land
+            // after it (the source's timer and the answer race on a loaded machine).
+            let deadline = u64_of(&st, "deadline").expect("the source's deadline");
+            let last_in_flight = hits
+                .last()
+                .is_some_and(|h| h.done_at + IN_FLIGHT_MARGIN_MS >= deadline);
+            assert!(
+                seen.as_deref() == Some(last)
+                    || (seen.as_deref() == Some("result_unknown") && last_in_flight),
+                "last_error {seen:?}, expected {last} (last attempt {:?}): {st:?}",
+                hits.last().map(|h| (h.at, h.done_at))
             );
-            assert!(b.proxy.delivers(&message_id(&p)).len() >= 2, "it retried");
+            assert!(hits.len() >= 2, "it retried");
             sent.push(sent_from(0, 1, &p));
         }
         verify(
