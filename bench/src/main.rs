@@ -175,27 +175,92 @@ async fn http(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> 
     Ok(())
 }
 
+/// What a run was asked for on the command line.
+struct Args {
+    quick: bool,
+    skip: Vec<String>,
+    concurrency: Option<Vec<usize>>,
+    scale_large: Option<usize>,
+    out: Option<PathBuf>,
+}
+
+const USAGE: &str = "usage: ./x bench [--quick] [--skip inprocess,http,node,wasmtime,scale] \
+[--concurrency 8,32,128] [--scale-large N] [--out DIR]";
+
+/// Parses the flags; anything unknown or malformed is an error, never a silent full run.
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let mut a = Args {
+        quick: false,
+        skip: Vec::new(),
+        concurrency: None,
+        scale_large: None,
+        out: None,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--quick" => a.quick = true,
+            "--skip" => {
+                a.skip = value()?.split(',').map(str::to_string).collect();
+                if let Some(bad) = a.skip.iter().find(|s| {
+                    !["inprocess", "http", "node", "wasmtime", "scale"].contains(&s.as_str())
+                }) {
+                    return Err(format!("--skip: unknown part {bad:?}"));
+                }
+            }
+            "--concurrency" => {
+                let list = value()?
+                    .split(',')
+                    .map(|c| c.parse::<usize>().ok().filter(|&c| c > 0))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or("--concurrency takes positive integers, comma-separated")?;
+                a.concurrency = Some(list);
+            }
+            "--scale-large" => {
+                a.scale_large = Some(
+                    value()?
+                        .parse()
+                        .map_err(|_| "--scale-large takes a count of records")?,
+                );
+            }
+            "--out" => a.out = Some(PathBuf::from(value()?)),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(a)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    // `--skip node,wasmtime,http,inprocess` (for working on one part).
-    let skip: Vec<String> = args
-        .iter()
-        .position(|a| a == "--skip")
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.split(',').map(str::to_string).collect())
-        .unwrap_or_default();
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    if raw.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let args = match parse_args(&raw) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("relay-bench: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let quick = args.quick;
+    // `--skip node,wasmtime,http,inprocess,scale` (for working on one part).
+    let skip = args.skip.clone();
     let mut sz = Sizes::new(quick);
     // `--concurrency 32,128`: only these HTTP levels (for profiling one).
-    if let Some(list) = args
-        .iter()
-        .position(|a| a == "--concurrency")
-        .and_then(|i| args.get(i + 1))
-    {
-        sz.concurrencies = list.split(',').filter_map(|c| c.parse().ok()).collect();
+    if let Some(list) = &args.concurrency {
+        sz.concurrencies = list.clone();
     }
-    let out = target_dir().join("bench");
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| target_dir().join("bench"));
     // One scratch directory per run, so two runs never remove each other's databases;
     // those of runs no longer alive (stopped before cleaning up) are removed.
     let scratches = out.join("scratch");
@@ -223,12 +288,7 @@ async fn main() -> anyhow::Result<()> {
     if !skip.iter().any(|s| s == "scale") {
         let mut sc = sz.scale;
         // `--scale-large N` (e.g. 1000000): the large timeline (the tick check keeps its 100,000 pending).
-        if let Some(n) = args
-            .iter()
-            .position(|a| a == "--scale-large")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|n| n.parse().ok())
-        {
+        if let Some(n) = args.scale_large {
             sc.large = n;
         }
         let component = target_dir().join("component/relay_core.wasm");
@@ -243,14 +303,14 @@ async fn main() -> anyhow::Result<()> {
         "seconds".into(),
         serde_json::json!(started.elapsed().as_secs_f64()),
     );
+    // The command that reproduces these rows, as it was given.
     head.insert(
         "command".into(),
-        (if quick {
-            "./x bench --quick"
-        } else {
-            "./x bench"
-        })
-        .into(),
+        std::iter::once("./x bench".to_string())
+            .chain(raw.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ")
+            .into(),
     );
     std::fs::write(out.join("results.json"), rep.json(head))?;
     let _ = std::fs::remove_dir_all(&scratch);
@@ -265,4 +325,36 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("results: {}", out.join("results.json").display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_args;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn flags_are_parsed_and_anything_else_is_refused() {
+        let a = parse_args(&args(
+            "--quick --skip node,scale --concurrency 8,32 --out /x",
+        ))
+        .expect("valid");
+        assert!(a.quick);
+        assert_eq!(a.skip, ["node", "scale"]);
+        assert_eq!(a.concurrency, Some(vec![8, 32]));
+        assert_eq!(a.out.as_deref(), Some(std::path::Path::new("/x")));
+        for bad in [
+            "--help-me",
+            "--skip nodes",
+            "--concurrency 8,x",
+            "--concurrency 0",
+            "--scale-large",
+            "--scale-large many",
+            "full",
+        ] {
+            assert!(parse_args(&args(bad)).is_err(), "{bad} was accepted");
+        }
+    }
 }
