@@ -242,25 +242,25 @@ async fn main() -> anyhow::Result<()> {
         println!("{USAGE}");
         return Ok(());
     }
-    let args = match parse_args(&raw) {
+    let Args {
+        quick,
+        skip,
+        concurrency,
+        scale_large,
+        out,
+    } = match parse_args(&raw) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("relay-bench: {e}\n{USAGE}");
             std::process::exit(2);
         }
     };
-    let quick = args.quick;
-    // `--skip node,wasmtime,http,inprocess,scale` (for working on one part).
-    let skip = args.skip.clone();
     let mut sz = Sizes::new(quick);
     // `--concurrency 32,128`: only these HTTP levels (for profiling one).
-    if let Some(list) = &args.concurrency {
-        sz.concurrencies = list.clone();
+    if let Some(list) = concurrency {
+        sz.concurrencies = list;
     }
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| target_dir().join("bench"));
+    let out = out.unwrap_or_else(|| target_dir().join("bench"));
     // One scratch directory per run, so two runs never remove each other's databases;
     // those of runs no longer alive (stopped before cleaning up) are removed.
     let scratches = out.join("scratch");
@@ -288,7 +288,7 @@ async fn main() -> anyhow::Result<()> {
     if !skip.iter().any(|s| s == "scale") {
         let mut sc = sz.scale;
         // `--scale-large N` (e.g. 1000000): the large timeline (the tick check keeps its 100,000 pending).
-        if let Some(n) = args.scale_large {
+        if let Some(n) = scale_large {
             sc.large = n;
         }
         let component = target_dir().join("component/relay_core.wasm");
