@@ -86,6 +86,8 @@ export class SqliteStorage {
     // No `LIMIT ?`: SQLite (3.46 and later) recompiles a statement every time a LIMIT
     // parameter is bound. Rows come in key order, so `rows` stops stepping at the limit.
     this.scanStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k').raw();
+    // A literal LIMIT is compiled once, unlike a bound one.
+    this.firstStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT 1').raw();
     this.putStmt = this.db.prepare('INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)');
     this.delStmt = this.db.prepare('DELETE FROM kv WHERE k = ?');
     this.tx = this.db.transaction((writes) => {
@@ -111,31 +113,56 @@ export class SqliteStorage {
     return v;
   }
   scan(start, end, limit) {
+    if (limit <= 0) return [];
     const s = Buffer.from(start);
     const e = Buffer.from(end);
     if (!this.overlay || this.overlay.size === 0) return this.rows(s, e, limit);
-    // The overlay is ordered too: only its writes in [start, end) are looked at.
-    const mine = [];
-    this.overlay.forRange(id(s), id(e), false, (k, v) => {
-      mine.push([k, v]);
-    });
-    if (mine.length === 0) return this.rows(s, e, limit);
-    // Each deleted key in range may hide one stored row: fetch that many more.
-    const deletes = mine.filter(([, v]) => v === null).length;
-    const merged = new Map(this.rows(s, e, limit + deletes).map(([k, v]) => [id(k), [k, v]]));
-    for (const [k, v] of mine) {
-      if (v === null) merged.delete(k);
-      else merged.set(k, [Buffer.from(k, 'latin1'), v]);
+    const lo = id(s);
+    const hi = id(e);
+    const first = this.overlay.getPairOrNextHigher(lo);
+    if (first === undefined || first[0] >= hi) return this.rows(s, e, limit);
+    // Two ordered streams merged until `limit`: the group's writes in [start, end) (a
+    // deletion hides the stored row of its key) and the stored rows. Each operation asks
+    // for the first due or expiring key, and every send of the group wrote one of the
+    // latter: collecting all of them per scan made a group's cost grow with its square.
+    const out = [];
+    const mine = this.overlay.entries(lo);
+    const stored = this.scanStmt.iterate(s, e);
+    try {
+      let o = mine.next().value;
+      let d = stored.next().value;
+      let dk = d && id(d[0]);
+      while (out.length < limit) {
+        const ownLive = o !== undefined && o[0] < hi;
+        if (!ownLive && d === undefined) break;
+        if (ownLive && (d === undefined || o[0] <= dk)) {
+          if (d !== undefined && o[0] === dk) {
+            d = stored.next().value;
+            dk = d && id(d[0]);
+          }
+          if (o[1] !== null) out.push([Buffer.from(o[0], 'latin1'), o[1]]);
+          o = mine.next().value;
+        } else {
+          out.push(d);
+          d = stored.next().value;
+          dk = d && id(d[0]);
+        }
+      }
+    } finally {
+      stored.return();
     }
-    return [...merged.entries()]
-      .sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0))
-      .slice(0, limit)
-      .map(([, row]) => row);
+    return out;
   }
   /** The first `limit` stored rows with start <= key < end, in key order. */
   rows(start, end, limit) {
+    if (limit <= 0) return [];
+    // The engine's most frequent scan asks for one row (the next wake-up, twice per
+    // operation): a single step, without an iterator.
+    if (limit === 1) {
+      const row = this.firstStmt.get(start, end);
+      return row === undefined ? [] : [row];
+    }
     const out = [];
-    if (limit <= 0) return out;
     for (const row of this.scanStmt.iterate(start, end)) {
       out.push(row);
       if (out.length >= limit) break;
