@@ -77,8 +77,18 @@ impl Host {
         crate::inproc::anon_kib(&self.child.id().to_string())
     }
 
-    /// Stops the process and removes its data.
+    /// Stops the process as an operator would (SIGTERM: in-flight requests finish, profilers
+    /// such as `node --cpu-prof` write their output), killing it after 10 s; removes its data.
     pub fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..400 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
