@@ -4,6 +4,7 @@ import fs from 'node:fs';
 import { parse as parseToml } from 'smol-toml';
 import { createRelay } from './relay.js';
 import { serve } from './server.js';
+import { RelayThread } from './relay-thread.js';
 
 const USAGE = `relay-node serve [--listen ADDR] [--url URL] [--data DIR | --memory] [--network NAME]
                  [--policy NAME=VALUE]... [--attempt-timeout MS] [--config FILE]`;
@@ -65,7 +66,19 @@ export async function main(argv) {
   const [host, port] = s.listen.split(/:(?=\d+$)/);
   const url = s.url ?? `http://${s.listen}`;
   const engine = s.attemptTimeout !== undefined ? { attempt_timeout: s.attemptTimeout } : undefined;
-  const relay = await createRelay({ relay: url, network: s.network, policies: s.policies, data: s.data ?? undefined, engine });
+  const opts = { relay: url, network: s.network, policies: s.policies, data: s.data ?? undefined, engine };
+  // The relay runs on a thread of its own and this one carries HTTP and WebSocket, so the
+  // two overlap; RELAY_NODE_THREAD=0 runs both on this thread (to measure what it pays).
+  let relay;
+  if (process.env.RELAY_NODE_THREAD === '0') {
+    relay = await createRelay(opts);
+  } else {
+    relay = await RelayThread.start(opts);
+    relay.on('lost', (e) => {
+      console.error(`relay-node: ${e.message}; stopping`);
+      process.exit(1);
+    });
+  }
   const srv = await serve(relay, { host, port: Number(port) });
   console.log(`relay-node listening on ${host}:${srv.port} as ${url}`);
   const stop = async () => {

@@ -9,6 +9,20 @@ import { hostCrypto } from './native.js';
 const PKG = new URL('../pkg/relay_wasm.js', import.meta.url);
 let generation = 0;
 
+/**
+ * Most calls in one commit group: a full group commits at once, and the rest wait for the
+ * turn's end. RELAY_GROUP_COMMIT=N sets it as in the wasmtime host (0: each call commits
+ * alone, to measure what grouping pays). No cap by default: a cap of 16 measured within
+ * noise here (docs/performance.md).
+ */
+const GROUP_CAP = groupCap(process.env.RELAY_GROUP_COMMIT);
+
+function groupCap(v) {
+  if (v === undefined || v === '') return Infinity;
+  if (!/^\d+$/.test(v)) throw new Error(`RELAY_GROUP_COMMIT must be a number of calls, not ${v}`);
+  return Number(v);
+}
+
 /** Loads a fresh instance of the wasm module (each import URL is a new instance), with the host's native crypto installed. */
 async function loadModule() {
   generation += 1;
@@ -51,15 +65,16 @@ export class Core {
    * @returns {Promise<object>} the reply, as `call` returns it
    */
   callGrouped(kind, value, method, params, now) {
-    // RELAY_GROUP_COMMIT=0 commits each call alone (to measure what grouping pays).
-    if (typeof this.storage.begin !== 'function' || process.env.RELAY_GROUP_COMMIT === '0') return Promise.resolve(this.call(kind, value, method, params, now));
+    if (typeof this.storage.begin !== 'function' || GROUP_CAP === 0) return Promise.resolve(this.call(kind, value, method, params, now));
     if (!this.group) {
       this.storage.begin();
       this.group = [];
       setImmediate(() => this.flushGroup());
     }
     const reply = JSON.parse(this.#run((c) => c.call(kind, value, method, params, now), INTERNAL));
-    return new Promise((resolve) => this.group.push([reply, resolve]));
+    const answer = new Promise((resolve) => this.group.push([reply, resolve]));
+    if (this.group.length >= GROUP_CAP) this.flushGroup();
+    return answer;
   }
 
   /** Commits the open group, then releases its answers (all `internal` if the commit failed). */

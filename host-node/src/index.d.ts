@@ -78,5 +78,25 @@ export class Relay extends EventEmitter {
 
 export function createRelay(opts: RelayOptions): Promise<Relay>;
 
-/** Serves a relay over HTTP, WebSocket and relay RPC on one port. */
-export function serve(relay: Relay, listen?: { host?: string; port?: number }): Promise<{ server: Server; port: number; close(): Promise<void> }>;
+/**
+ * A relay on a worker thread of its own (core, storage, timers, deliveries to peers), seen
+ * from the thread that serves it: the transports and the core then run on two cores.
+ */
+export class RelayThread extends EventEmitter {
+  /** Starts one; the options are plain data (`storage` is 'sqlite' or 'memory'). */
+  static start(opts: RelayOptions & { storage?: 'sqlite' | 'memory' }): Promise<RelayThread>;
+  /** This relay's /.well-known/relay document. */
+  readonly wellKnown: string;
+  readonly maxRequestBytes: number;
+  /** Counters of the relay on the thread. */
+  stats(): Promise<{ coreCalls: number }>;
+  /** Stops the relay on its thread (deliveries in flight finish, the storage closes), then the thread. */
+  close(): Promise<void>;
+  on(event: 'notify', listener: (n: { account: string; latest_seq: number }) => void): this;
+  on(event: 'end_device_sessions', listener: (d: { account: string; device_id: string }) => void): this;
+  /** The thread stopped unasked; its requests' connections were dropped (error code `RELAY_THREAD_LOST`). */
+  on(event: 'lost', listener: (e: Error & { code: 'RELAY_THREAD_LOST' }) => void): this;
+}
+
+/** Serves a relay (on this thread, or a relay thread) over HTTP, WebSocket and relay RPC on one port. */
+export function serve(relay: Relay | RelayThread, listen?: { host?: string; port?: number }): Promise<{ server: Server; port: number; close(): Promise<void> }>;

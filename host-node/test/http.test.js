@@ -1,12 +1,18 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import WebSocket from 'ws';
-import { createRelay, serve } from '../src/index.js';
+import { createRelay, serve, RelayThread } from '../src/index.js';
 import { Identity } from '../pkg/relay_wasm.js';
 import { NET, post, eventually } from './helpers.js';
 
+/** The two ways to serve: the relay on the transports' thread, or on a relay thread of its own. */
+const MODES = ['in-process', 'relay thread'];
+
+/** The calls that reached the relay's core. */
+const coreCalls = async (relay) => (relay instanceof RelayThread ? (await relay.stats()).coreCalls : relay.coreCalls);
+
 /** Starts a served relay on an ephemeral port; its id carries the port, so bind first. */
-async function served(policies = {}) {
+async function served(policies = {}, mode = 'in-process') {
   const probe = await import('node:net').then((net) => new Promise((resolve) => {
     const s = net.createServer().listen(0, '127.0.0.1', () => {
       const port = s.address().port;
@@ -14,7 +20,8 @@ async function served(policies = {}) {
     });
   }));
   const url = `http://127.0.0.1:${probe}`;
-  const relay = await createRelay({ relay: url, policies });
+  const opts = { relay: url, policies };
+  const relay = mode === 'relay thread' ? await RelayThread.start(opts) : await createRelay(opts);
   const srv = await serve(relay, { host: '127.0.0.1', port: probe });
   return { relay, srv, url };
 }
@@ -29,67 +36,80 @@ async function registerHttp(url, discoverable = true) {
   return { id, cert, url, session: s.body.session };
 }
 
-test('two Node relays deliver a message over HTTP', async () => {
-  const a = await served();
-  const b = await served();
-  const alice = await registerHttp(a.url);
-  const bob = await registerHttp(b.url);
-  const pub = await post(`${a.url}/v1/route.publish`, `{"route":${bob.id.route(NET, b.url, 1, Date.now())}}`);
-  assert.equal(pub.status, 200);
-  const m = alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'node to node', Date.now(), false);
-  const sent = await post(`${a.url}/v1/message.send`, m, alice.session);
-  assert.equal(sent.status, 200, JSON.stringify(sent.body));
-  assert.equal(sent.body.status, 'delivering');
-  const id = JSON.parse(m).envelope.message_id;
-  const done = await eventually(async () => {
-    const s = await post(`${a.url}/v1/message.delivery.status`, { message_id: id }, alice.session);
-    return s.body.status === 'target_accepted' ? s : null;
+for (const mode of MODES) {
+  test(`two Node relays deliver a message over HTTP (${mode})`, async () => {
+    const a = await served({}, mode);
+    const b = await served({}, mode);
+    const alice = await registerHttp(a.url);
+    const bob = await registerHttp(b.url);
+    const pub = await post(`${a.url}/v1/route.publish`, `{"route":${bob.id.route(NET, b.url, 1, Date.now())}}`);
+    assert.equal(pub.status, 200);
+    const m = alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'node to node', Date.now(), false);
+    const sent = await post(`${a.url}/v1/message.send`, m, alice.session);
+    assert.equal(sent.status, 200, JSON.stringify(sent.body));
+    assert.equal(sent.body.status, 'delivering');
+    const id = JSON.parse(m).envelope.message_id;
+    const done = await eventually(async () => {
+      const s = await post(`${a.url}/v1/message.delivery.status`, { message_id: id }, alice.session);
+      return s.body.status === 'target_accepted' ? s : null;
+    });
+    assert.ok(done.body.target_accepted_at);
+    const sync = await post(`${b.url}/v1/message.timeline.sync`, { after: 0 }, bob.session);
+    assert.deepEqual(sync.body.entries.map((e) => bob.id.openEntry(JSON.stringify(e))), ['node to node']);
+    await a.srv.close();
+    await b.srv.close();
   });
-  assert.ok(done.body.target_accepted_at);
-  const sync = await post(`${b.url}/v1/message.timeline.sync`, { after: 0 }, bob.session);
-  assert.deepEqual(sync.body.entries.map((e) => bob.id.openEntry(JSON.stringify(e))), ['node to node']);
-  await a.srv.close();
-  await b.srv.close();
-});
 
-test('a WebSocket client gets message.timeline.changed, then syncs the new entry', async () => {
-  const a = await served();
-  const alice = await registerHttp(a.url);
-  const bob = await registerHttp(a.url);
-  const ws = new WebSocket(`${a.url.replace('http', 'ws')}/v1/ws`, { headers: { authorization: `Bearer ${bob.session}` } });
-  const frames = [];
-  ws.on('message', (d) => frames.push(JSON.parse(d.toString())));
-  await new Promise((resolve, reject) => {
-    ws.on('open', resolve);
-    ws.on('error', reject);
+  test(`a WebSocket client gets message.timeline.changed, then syncs the new entry (${mode})`, async () => {
+    const a = await served({}, mode);
+    const alice = await registerHttp(a.url);
+    const bob = await registerHttp(a.url);
+    const ws = new WebSocket(`${a.url.replace('http', 'ws')}/v1/ws`, { headers: { authorization: `Bearer ${bob.session}` } });
+    const frames = [];
+    ws.on('message', (d) => frames.push(JSON.parse(d.toString())));
+    await new Promise((resolve, reject) => {
+      ws.on('open', resolve);
+      ws.on('error', reject);
+    });
+    const m = alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'pushed', Date.now(), false);
+    assert.equal((await post(`${a.url}/v1/message.send`, m, alice.session)).status, 200);
+    const note = await eventually(() => frames.find((f) => f.method === 'message.timeline.changed'));
+    assert.deepEqual(note.params, { account: bob.id.accountId(), latest_seq: 1 });
+    ws.send(JSON.stringify({ id: 's1', method: 'message.timeline.sync', params: { after: 0 } }));
+    const answer = await eventually(() => frames.find((f) => f.id === 's1'));
+    assert.deepEqual(answer.result.entries.map((e) => bob.id.openEntry(JSON.stringify(e))), ['pushed']);
+    ws.send('{"id":9,"method":"message.timeline.sync","params":{"after":1.0}}');
+    const bad = await eventually(() => frames.find((f) => f.id === 9));
+    assert.equal(bad.error.code, 'invalid_params', 'params reach the core exactly as sent');
+    ws.close();
+    await a.srv.close();
   });
-  const m = alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'pushed', Date.now(), false);
-  assert.equal((await post(`${a.url}/v1/message.send`, m, alice.session)).status, 200);
-  const note = await eventually(() => frames.find((f) => f.method === 'message.timeline.changed'));
-  assert.deepEqual(note.params, { account: bob.id.accountId(), latest_seq: 1 });
-  ws.send(JSON.stringify({ id: 's1', method: 'message.timeline.sync', params: { after: 0 } }));
-  const answer = await eventually(() => frames.find((f) => f.id === 's1'));
-  assert.deepEqual(answer.result.entries.map((e) => bob.id.openEntry(JSON.stringify(e))), ['pushed']);
-  ws.send('{"id":9,"method":"message.timeline.sync","params":{"after":1.0}}');
-  const bad = await eventually(() => frames.find((f) => f.id === 9));
-  assert.equal(bad.error.code, 'invalid_params', 'params reach the core exactly as sent');
-  ws.close();
-  await a.srv.close();
-});
 
-test('oversize bodies get 413 and malformed JSON 400, before the core is called', async () => {
-  const a = await served({ max_request_bytes: 1024 });
-  const before = a.relay.coreCalls;
-  const big = await fetch(`${a.url}/v1/message.send`, { method: 'POST', body: 'x'.repeat(2048) });
-  assert.equal(big.status, 413);
-  assert.equal((await big.json()).error.code, 'payload_too_large');
-  for (const bad of ['{', '{"a":1,"a":2}', '["\\uD800"]', Buffer.from([0xff])]) {
-    const r = await fetch(`${a.url}/v1/message.send`, { method: 'POST', body: bad });
-    assert.equal(r.status, 400);
-    assert.equal((await r.json()).error.code, 'invalid_params');
-  }
-  assert.equal(a.relay.coreCalls, before, 'none reached the core');
-  const unsigned = await fetch(`${a.url}/relay/v1/message.deliver`, { method: 'POST', body: '{}' });
-  assert.equal(unsigned.status, 401);
+  test(`oversize bodies get 413 and malformed JSON 400, before the core is called (${mode})`, async () => {
+    const a = await served({ max_request_bytes: 1024 }, mode);
+    const before = await coreCalls(a.relay);
+    const big = await fetch(`${a.url}/v1/message.send`, { method: 'POST', body: 'x'.repeat(2048) });
+    assert.equal(big.status, 413);
+    assert.equal((await big.json()).error.code, 'payload_too_large');
+    for (const bad of ['{', '{"a":1,"a":2}', '["\\uD800"]', Buffer.from([0xff])]) {
+      const r = await fetch(`${a.url}/v1/message.send`, { method: 'POST', body: bad });
+      assert.equal(r.status, 400);
+      assert.equal((await r.json()).error.code, 'invalid_params');
+    }
+    assert.equal(await coreCalls(a.relay), before, 'none reached the core');
+    const unsigned = await fetch(`${a.url}/relay/v1/message.deliver`, { method: 'POST', body: '{}' });
+    assert.equal(unsigned.status, 401);
+    await a.srv.close();
+  });
+}
+
+test('a relay thread that stops drops the connections of its requests and says it is lost', async () => {
+  const a = await served({}, 'relay thread');
+  const lost = new Promise((resolve) => a.relay.once('lost', resolve));
+  await a.relay.worker.terminate();
+  assert.equal((await lost).code, 'RELAY_THREAD_LOST');
+  await assert.rejects(fetch(`${a.url}/v1/message.send`, { method: 'POST', body: '{}' }), 'no answer: the outcome is unknown');
+  const known = await fetch(`${a.url}/.well-known/relay`);
+  assert.equal(known.status, 200, 'the transports still stand');
   await a.srv.close();
 });

@@ -1,0 +1,87 @@
+// What the transports ask of a relay, answered by a relay on this thread: the one place
+// both the in-process server and the relay thread (relay-thread.js) route requests.
+
+const RELAY_METHODS = new Set(['message.deliver', 'route.get', 'route.publish', 'device.list']);
+
+/** The error body of protocol.md §4. */
+export function errorBody(code, message) {
+  return { error: { code, message } };
+}
+
+/**
+ * @typedef {object} Answer an HTTP answer: `body` is JSON text or a value to serialize
+ * @property {number} status
+ * @property {string | object} body
+ */
+
+/** Routes transport requests to a `Relay` on the calling thread. */
+export class Dispatch {
+  /** @param {import('./relay.js').Relay} relay */
+  constructor(relay) {
+    this.relay = relay;
+    this.maxRequestBytes = relay.maxRequestBytes;
+    /** `/.well-known/relay`: fixed by the configuration and the relay key for the relay's life. */
+    this.wellKnown = relay.wellKnown();
+  }
+
+  /** Listens to the relay's `notify` and `end_device_sessions` events. */
+  on(event, listener) {
+    this.relay.on(event, listener);
+    return this;
+  }
+
+  /**
+   * A POST to `/{space}/{method}` whose body passed the size and UTF-8 checks.
+   * @param {'v1'|'admin/v1'|'relay/v1'} space
+   * @param {string} method
+   * @param {string | null} token the bearer token, if any
+   * @param {Record<string, string | string[] | undefined>} headers by lowercase name
+   * @param {string} text the body
+   * @returns {Promise<Answer>}
+   */
+  async request(space, method, token, headers, text) {
+    const relay = this.relay;
+    // The core's own strict parser judges the body before the relay is called.
+    const bad = relay.core.checkJson(text);
+    if (bad) return bad;
+    if (space === 'v1') {
+      if (method.startsWith('admin.')) return { status: 404, body: errorBody('not_found', 'unknown method') };
+      return relay.callGrouped(token ? { kind: 'session', value: token } : { kind: 'anonymous' }, method, text);
+    }
+    if (space === 'admin/v1') {
+      if (token !== relay.adminToken) return { status: 401, body: errorBody('unauthenticated', 'operator token required') };
+      return relay.call({ kind: 'operator' }, `admin.${method}`, text);
+    }
+    if (!RELAY_METHODS.has(method)) return { status: 404, body: errorBody('not_found', 'not a relay method') };
+    const auth = await relay.authenticateRelay(headers, method, text);
+    if (!auth.ok) return auth.reply;
+    return relay.callGrouped({ kind: 'relay', value: auth.source }, method, text);
+  }
+
+  /**
+   * The holder of a session token (a WebSocket upgrade).
+   * @returns {{ok: true, info: {account: string, device_id: string, expires_at: number}} | {ok: false, reply: object}}
+   */
+  session(token) {
+    return this.relay.session(token);
+  }
+
+  /**
+   * A WebSocket frame `{id, method, params}` from a session: the frame to answer with, and
+   * whether the session has ended (the socket then closes).
+   * @returns {{reply: string, ended: boolean}}
+   */
+  frame(token, text) {
+    const f = this.relay.core.parseFrame(text);
+    const error = f.error ?? (f.method.startsWith('admin.') ? errorBody('not_found', 'unknown method').error : null);
+    if (error) return { reply: JSON.stringify({ id: f.id, error }), ended: false };
+    const r = this.relay.call({ kind: 'session', value: token }, f.method, f.params);
+    const reply = JSON.stringify(r.status === 200 ? { id: f.id, result: r.body } : { id: f.id, error: r.body.error });
+    return { reply, ended: r.status === 401 };
+  }
+
+  /** Stops the relay: timers, deliveries in flight, the storage. */
+  close() {
+    return this.relay.close();
+  }
+}

@@ -1,0 +1,59 @@
+// The worker side of a relay thread (relay-thread.js): the relay (core, storage, timers,
+// deliveries to peers) runs here; the main thread only carries the transports.
+//
+// Messages in: `{id, op, args}` and `{close: true}`. Messages out: `{started}`, then
+// `{answers: [[id, ok, value], ...]}` (the answers a commit group releases cross together),
+// `{event, data}` for the relay's notifications, and `{closed: true}`.
+
+import { parentPort, workerData } from 'node:worker_threads';
+import { createRelay } from './relay.js';
+import { Dispatch } from './dispatch.js';
+
+const relay = await createRelay(workerData);
+const dispatch = new Dispatch(relay);
+for (const event of ['notify', 'end_device_sessions']) dispatch.on(event, (data) => parentPort.postMessage({ event, data }));
+
+/** Answers waiting to cross: those a commit group releases together cross in one message. */
+let ready = [];
+function answer(id, ok, value) {
+  if (ready.length === 0) queueMicrotask(flush);
+  ready.push([id, ok, value]);
+}
+function flush() {
+  if (ready.length === 0) return;
+  const answers = ready;
+  ready = [];
+  parentPort.postMessage({ answers });
+}
+
+/** An answer's body as JSON text, so the main thread neither clones nor re-serializes a tree. */
+const asText = (r) => ({ status: r.status, body: typeof r.body === 'string' ? r.body : JSON.stringify(r.body) });
+
+const ops = {
+  request: async (space, method, token, headers, text) => asText(await dispatch.request(space, method, token, headers, text)),
+  session: (token) => dispatch.session(token),
+  frame: (token, text) => dispatch.frame(token, text),
+  stats: () => ({ coreCalls: relay.coreCalls }),
+};
+
+async function run(id, op, args) {
+  try {
+    answer(id, true, await ops[op](...args));
+  } catch (e) {
+    console.error(`relay thread: ${op} failed:`, e);
+    answer(id, false, String(e?.message ?? e));
+  }
+}
+
+parentPort.on('message', async (m) => {
+  if (m.close) {
+    await dispatch.close();
+    flush();
+    parentPort.postMessage({ closed: true });
+    parentPort.close();
+    return;
+  }
+  run(m.id, m.op, m.args);
+});
+
+parentPort.postMessage({ started: { wellKnown: dispatch.wellKnown, maxRequestBytes: dispatch.maxRequestBytes } });

@@ -1,0 +1,120 @@
+// A relay on a worker thread, seen from the main thread: the transports (HTTP parsing,
+// WebSocket frames) run here while the core, its storage and its commits run there, so the
+// two overlap on two cores. What crosses is text: request bodies in, answer bodies out.
+
+import { EventEmitter } from 'node:events';
+import { Worker } from 'node:worker_threads';
+
+const WORKER = new URL('./relay-thread-worker.js', import.meta.url);
+
+/** A relay running on its own thread; `serve(thread)` puts the transports in front of it. */
+export class RelayThread extends EventEmitter {
+  /** @param {Worker} worker @param {{wellKnown: string, maxRequestBytes: number}} started */
+  constructor(worker, started) {
+    super();
+    this.worker = worker;
+    this.wellKnown = started.wellKnown;
+    this.maxRequestBytes = started.maxRequestBytes;
+    this.nextId = 0;
+    /** Calls waiting for the thread: id -> [resolve, reject]. */
+    this.pending = new Map();
+    this.closing = null;
+    /** Why the thread is gone, once it is: later calls fail at once. */
+    this.gone = null;
+    worker.on('message', (m) => this.#receive(m));
+    worker.on('error', (e) => this.#lost(e));
+    worker.on('exit', (code) => this.#lost(new Error(`the relay thread exited (code ${code})`)));
+  }
+
+  /**
+   * Starts a relay thread; `opts` are `createRelay`'s (plain data: storage 'sqlite' or 'memory').
+   * @param {import('./relay.js').RelayOptions} opts
+   * @returns {Promise<RelayThread>}
+   */
+  static start(opts) {
+    return new Promise((resolve, reject) => {
+      const worker = new Worker(WORKER, { workerData: opts });
+      const early = (e) => reject(e instanceof Error ? e : new Error(`the relay thread exited (code ${e})`));
+      worker.once('error', early);
+      worker.once('exit', early);
+      worker.once('message', (m) => {
+        worker.off('error', early);
+        worker.off('exit', early);
+        if (m.started) resolve(new RelayThread(worker, m.started));
+        else reject(new Error('the relay thread did not start'));
+      });
+    });
+  }
+
+  /** Same as `Dispatch.request`, answered by the thread; the body comes back as JSON text. */
+  request(space, method, token, headers, text) {
+    return this.#call('request', [space, method, token, headers, text]);
+  }
+
+  /** Same as `Dispatch.session`. */
+  session(token) {
+    return this.#call('session', [token]);
+  }
+
+  /** Same as `Dispatch.frame`. */
+  frame(token, text) {
+    return this.#call('frame', [token, text]);
+  }
+
+  /** Stops the relay on its thread (deliveries in flight finish, the storage closes), then the thread. */
+  close() {
+    this.closing ??= this.gone
+      ? Promise.resolve()
+      : new Promise((resolve) => {
+          this.once('closed', resolve);
+          this.once('gone', resolve);
+          this.worker.postMessage({ close: true });
+        }).then(() => this.worker.terminate());
+    return this.closing;
+  }
+
+  /** Counters of the relay on the thread: `{coreCalls}`, the calls that reached its core. */
+  stats() {
+    return this.#call('stats', []);
+  }
+
+  #call(op, args) {
+    if (this.gone) return Promise.reject(this.gone);
+    if (this.closing) return Promise.reject(new Error('the relay thread is closing'));
+    const id = this.nextId++;
+    // Posted at once: the thread starts on a request while this one reads the next.
+    this.worker.postMessage({ id, op, args });
+    return new Promise((resolve, reject) => this.pending.set(id, [resolve, reject]));
+  }
+
+  #receive(m) {
+    if (m.answers) {
+      for (const [id, ok, value] of m.answers) {
+        const p = this.pending.get(id);
+        this.pending.delete(id);
+        if (ok) p?.[0](value);
+        else p?.[1](new Error(value));
+      }
+    } else if (m.event) {
+      this.emit(m.event, m.data);
+    } else if (m.closed) {
+      this.emit('closed');
+    }
+  }
+
+  /**
+   * The thread is gone: every call waiting on it, and every later one, fails with a
+   * `RELAY_THREAD_LOST` error. Whether those calls were committed is unknown, so the
+   * transports drop their connections rather than answer (`internal` would say nothing
+   * was accepted); the client's idempotent retry learns the outcome.
+   */
+  #lost(cause) {
+    if (this.gone) return;
+    const e = Object.assign(new Error(cause.message, { cause }), { code: 'RELAY_THREAD_LOST' });
+    this.gone = e;
+    for (const [, reject] of this.pending.values()) reject(e);
+    this.pending.clear();
+    this.emit('gone');
+    if (!this.closing) this.emit('lost', e);
+  }
+}
