@@ -1,7 +1,8 @@
 // Storages for the core: SQLite through better-sqlite3 (the default) and in memory.
 //
 // The core needs get, ordered scan and an atomic batch commit, all
-// synchronous. Keys are compared as bytes.
+// synchronous. Keys are compared as bytes. The keys and values the core hands over are
+// fresh Uint8Arrays of their own, so they are kept and bound as they are, never copied.
 
 import Database from 'better-sqlite3';
 import SortedBTree from 'sorted-btree';
@@ -39,7 +40,7 @@ export class MemoryStorage {
   commit(writes) {
     for (const [key, value] of writes) {
       if (value === null) this.tree.delete(id(key));
-      else this.tree.set(id(key), Buffer.from(value));
+      else this.tree.set(id(key), value instanceof Uint8Array ? value : Buffer.from(value));
     }
   }
   /** Number of keys. */
@@ -92,13 +93,13 @@ export class SqliteStorage {
     this.delStmt = this.db.prepare('DELETE FROM kv WHERE k = ?');
     this.tx = this.db.transaction((writes) => {
       for (const [k, v] of writes) {
-        if (v === null) this.delStmt.run(Buffer.from(k));
-        else this.putStmt.run(Buffer.from(k), Buffer.from(v));
+        if (v === null) this.delStmt.run(k);
+        else this.putStmt.run(k, v);
       }
     });
   }
   get(key) {
-    if (!this.overlay) return this.getStmt.get(Buffer.from(key)) ?? null;
+    if (!this.overlay) return this.getStmt.get(key) ?? null;
     const k = id(key);
     const hit = this.overlay.get(k);
     if (hit !== undefined) return hit;
@@ -107,15 +108,15 @@ export class SqliteStorage {
     // Nothing writes the database while the group is open, so these stay exact until flush.
     let v = this.read.get(k);
     if (v === undefined) {
-      v = this.getStmt.get(Buffer.from(key)) ?? null;
+      v = this.getStmt.get(key) ?? null;
       this.read.set(k, v);
     }
     return v;
   }
   scan(start, end, limit) {
     if (limit <= 0) return [];
-    const s = Buffer.from(start);
-    const e = Buffer.from(end);
+    const s = start;
+    const e = end;
     if (!this.overlay || this.overlay.size === 0) return this.rows(s, e, limit);
     const lo = id(s);
     const hi = id(e);
@@ -171,7 +172,7 @@ export class SqliteStorage {
   }
   commit(writes) {
     if (!this.overlay) return this.tx(writes);
-    for (const [k, v] of writes) this.overlay.set(id(k), v === null ? null : Buffer.from(v));
+    for (const [k, v] of writes) this.overlay.set(id(k), v);
   }
   /** Opens a group: commits wait for `flush()`. */
   begin() {
