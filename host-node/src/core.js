@@ -24,10 +24,10 @@ function groupCap(v) {
 }
 
 /** Loads a fresh instance of the wasm module (each import URL is a new instance), with the host's native crypto installed. */
-async function loadModule() {
+async function loadModule(crypto) {
   generation += 1;
   const mod = await import(`${PKG.href}?instance=${generation}`);
-  mod.setHostCrypto(hostCrypto());
+  mod.setHostCrypto(crypto);
   return mod;
 }
 
@@ -45,9 +45,10 @@ const INTERNAL = JSON.stringify({
  */
 
 export class Core {
-  /** @param {object} mod @param {string} config @param {Storage} storage @param {Uint8Array} seed */
-  constructor(mod, config, storage, seed) {
+  /** @param {object} mod @param {string} config @param {Storage} storage @param {Uint8Array} seed @param {object | null} crypto */
+  constructor(mod, config, storage, seed, crypto) {
     this.mod = mod;
+    this.crypto = crypto;
     this.config = config;
     this.storage = storage;
     this.seed = seed;
@@ -92,9 +93,12 @@ export class Core {
     for (const [reply, resolve] of group) resolve(durable ? reply : JSON.parse(INTERNAL));
   }
 
-  /** @param {string} config @param {Storage} storage @param {Uint8Array} seed */
-  static async create(config, storage, seed) {
-    return new Core(await loadModule(), config, storage, seed);
+  /**
+   * @param {string} config @param {Storage} storage @param {Uint8Array} seed
+   * @param {object | null} [crypto] the host crypto to offer the core (default: the native addon's)
+   */
+  static async create(config, storage, seed, crypto = hostCrypto()) {
+    return new Core(await loadModule(crypto), config, storage, seed, crypto);
   }
 
   /** Runs `f` against the instance, after committing any open group (so its answer and effects never precede a commit). */
@@ -112,7 +116,7 @@ export class Core {
       if (!(e instanceof WebAssembly.RuntimeError)) throw e;
       this.traps += 1;
       console.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
-      this.recovering = loadModule().then((mod) => {
+      this.recovering = loadModule(this.crypto).then((mod) => {
         this.mod = mod;
         this.inner = new mod.RelayCore(this.config, this.storage, this.seed);
         this.recovering = null;

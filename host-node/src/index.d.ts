@@ -89,7 +89,7 @@ export class RelayThread extends EventEmitter {
   readonly wellKnown: string;
   readonly maxRequestBytes: number;
   /** Counters of the relay on the thread. */
-  stats(): Promise<{ coreCalls: number }>;
+  stats(): Promise<{ coreCalls: number; preverified: number }>;
   /** Stops the relay on its thread (deliveries in flight finish, the storage closes), then the thread. */
   close(): Promise<void>;
   on(event: 'notify', listener: (n: { account: string; latest_seq: number }) => void): this;

@@ -1,15 +1,25 @@
 // The worker side of a relay thread (relay-thread.js): the relay (core, storage, timers,
 // deliveries to peers) runs here; the main thread only carries the transports.
 //
-// Messages in: `{id, op, args}` and `{close: true}`. Messages out: `{started}`, then
+// Messages in: `{id, op, args, pre?}` (`pre`: the digest of an envelope the main thread
+// verified) and `{close: true}`. Messages out: `{started}`, then
 // `{answers: [[id, ok, value], ...]}` (the answers a commit group releases cross together),
-// `{event, data}` for the relay's notifications, and `{closed: true}`.
+// `{event, data}` for the relay's notifications, `{learn: [token, key]}` and `{closed: true}`.
 
 import { parentPort, workerData } from 'node:worker_threads';
 import { createRelay } from './relay.js';
 import { Dispatch } from './dispatch.js';
+import { addon, hostCrypto } from './native.js';
+import { Preverified, preverifying } from './preverify.js';
 
-const relay = await createRelay(workerData);
+// Envelopes the main thread verified are answered from memory (preverify.js); the main
+// thread learns each session's key from the core's own verifications here.
+const native = addon();
+const base = hostCrypto();
+const preverified = preverifying(native) && base?.verifyEd25519 ? new Preverified(native, (token, key) => parentPort.postMessage({ learn: [token, key] })) : null;
+const crypto = preverified ? { ...base, verifyEd25519: preverified.wrap(base.verifyEd25519) } : undefined;
+
+const relay = await createRelay({ ...workerData, crypto });
 const dispatch = new Dispatch(relay);
 for (const event of ['notify', 'end_device_sessions']) dispatch.on(event, (data) => parentPort.postMessage({ event, data }));
 
@@ -30,10 +40,20 @@ function flush() {
 const asText = (r) => ({ status: r.status, body: typeof r.body === 'string' ? r.body : JSON.stringify(r.body) });
 
 const ops = {
-  request: async (space, method, token, headers, text) => asText(await dispatch.request(space, method, token, headers, text)),
+  request: async (space, method, token, headers, text) => {
+    // The core runs a call synchronously: the session is known to the verifier for exactly its span.
+    if (preverified && space === 'v1' && method === 'message.send') preverified.sending = token;
+    let answer;
+    try {
+      answer = dispatch.request(space, method, token, headers, text);
+    } finally {
+      if (preverified) preverified.sending = null;
+    }
+    return asText(await answer);
+  },
   session: (token) => dispatch.session(token),
   frame: (token, text) => dispatch.frame(token, text),
-  stats: () => ({ coreCalls: relay.coreCalls }),
+  stats: () => ({ coreCalls: relay.coreCalls, preverified: preverified?.hits ?? 0 }),
 };
 
 async function run(id, op, args) {
@@ -53,6 +73,7 @@ parentPort.on('message', async (m) => {
     parentPort.close();
     return;
   }
+  if (m.pre && preverified) preverified.add(m.pre);
   run(m.id, m.op, m.args);
 });
 

@@ -4,6 +4,8 @@
 
 import { EventEmitter } from 'node:events';
 import { Worker } from 'node:worker_threads';
+import { addon } from './native.js';
+import { SessionKeys, preverifying } from './preverify.js';
 
 const WORKER = new URL('./relay-thread-worker.js', import.meta.url);
 
@@ -21,6 +23,9 @@ export class RelayThread extends EventEmitter {
     this.closing = null;
     /** Why the thread is gone, once it is: later calls fail at once. */
     this.gone = null;
+    const native = addon();
+    /** Envelopes verified here, ahead of the thread (preverify.js); null when off. */
+    this.sessionKeys = preverifying(native) ? new SessionKeys(native) : null;
     worker.on('message', (m) => this.#receive(m));
     worker.on('error', (e) => this.#lost(e));
     worker.on('exit', (code) => this.#lost(new Error(`the relay thread exited (code ${code})`)));
@@ -48,7 +53,7 @@ export class RelayThread extends EventEmitter {
 
   /** Same as `Dispatch.request`, answered by the thread; the body comes back as JSON text. */
   request(space, method, token, headers, text) {
-    return this.#call('request', [space, method, token, headers, text]);
+    return this.#call('request', [space, method, token, headers, text], this.sessionKeys?.check(space, method, token, text) ?? null);
   }
 
   /** Same as `Dispatch.session`. */
@@ -73,17 +78,17 @@ export class RelayThread extends EventEmitter {
     return this.closing;
   }
 
-  /** Counters of the relay on the thread: `{coreCalls}`, the calls that reached its core. */
+  /** Counters of the relay on the thread: the calls that reached its core, and the verifications answered from the memory. */
   stats() {
     return this.#call('stats', []);
   }
 
-  #call(op, args) {
+  #call(op, args, pre = null) {
     if (this.gone) return Promise.reject(this.gone);
     if (this.closing) return Promise.reject(new Error('the relay thread is closing'));
     const id = this.nextId++;
     // Posted at once: the thread starts on a request while this one reads the next.
-    this.worker.postMessage({ id, op, args });
+    this.worker.postMessage(pre === null ? { id, op, args } : { id, op, args, pre });
     return new Promise((resolve, reject) => this.pending.set(id, [resolve, reject]));
   }
 
@@ -95,6 +100,8 @@ export class RelayThread extends EventEmitter {
         if (ok) p?.[0](value);
         else p?.[1](new Error(value));
       }
+    } else if (m.learn) {
+      this.sessionKeys?.learn(m.learn[0], m.learn[1]);
     } else if (m.event) {
       this.emit(m.event, m.data);
     } else if (m.closed) {

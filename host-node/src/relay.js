@@ -256,6 +256,7 @@ export class Relay extends EventEmitter {
  * @param {'sqlite'|'memory'|object} [opts.storage] default `sqlite` when `data` is given, else memory
  * @param {string} [opts.data] data directory (SQLite database, relay key, operator token)
  * @param {object} [opts.engine] `{attempt_timeout, max_in_flight_per_destination}`
+ * @param {object} [opts.crypto] the host crypto offered to the core (default: the native addon's; a relay thread wraps it)
  * @returns {Promise<Relay>}
  */
 export async function createRelay(opts) {
@@ -271,7 +272,7 @@ export async function createRelay(opts) {
   const seed = opts.data ? secret(path.join(opts.data, 'relay.key'), 32) : crypto.randomBytes(32);
   const admin = opts.data ? secret(path.join(opts.data, 'admin.token'), 24) : crypto.randomBytes(24);
   const config = JSON.stringify({ relay: opts.relay, network, policies: opts.policies ?? {}, ...(opts.engine ?? {}) });
-  const core = await Core.create(config, storage, new Uint8Array(seed));
+  const core = await Core.create(config, storage, new Uint8Array(seed), opts.crypto);
   const maxRequestBytes = JSON.parse(core.wellKnown()).policies?.max_request_bytes ?? 262144;
   const attemptTimeout = opts.engine?.attempt_timeout;
   return new Relay(core, { relay: opts.relay, network, maxRequestBytes, adminToken: b64u(admin), storage, attemptTimeout });

@@ -113,3 +113,26 @@ test('a relay thread that stops drops the connections of its requests and says i
   assert.equal(known.status, 200, 'the transports still stand');
   await a.srv.close();
 });
+
+test("a relay thread answers a session's next envelope from the main thread's verification; a forged one is still refused", async () => {
+  const a = await served({}, 'relay thread');
+  const alice = await registerHttp(a.url);
+  const bob = await registerHttp(a.url);
+  const send = (text) => post(`${a.url}/v1/message.send`, text, alice.session);
+  const first = await send(alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'one', Date.now(), false));
+  assert.equal(first.status, 200, JSON.stringify(first.body));
+  assert.equal((await a.relay.stats()).preverified, 0, "the session's key is not known before its first send");
+  const second = await send(alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'two', Date.now(), false));
+  assert.equal(second.status, 200, JSON.stringify(second.body));
+  assert.equal(second.body.status, 'target_accepted');
+  assert.equal((await a.relay.stats()).preverified, 1, 'the second envelope was verified on the main thread');
+  // The same request with one signature byte changed: refused, and nothing was remembered for it.
+  const p = JSON.parse(alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'three', Date.now(), false));
+  const sig = Buffer.from(p.envelope.sig, 'base64url');
+  sig[0] ^= 1;
+  p.envelope.sig = sig.toString('base64url');
+  const forged = await send(JSON.stringify(p));
+  assert.equal(forged.body.error?.code, 'invalid_signature', JSON.stringify(forged.body));
+  assert.equal((await a.relay.stats()).preverified, 1);
+  await a.srv.close();
+});

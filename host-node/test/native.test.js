@@ -119,3 +119,23 @@ test('the core takes the host verdict: valid through the addon, mismatch refused
   assert.equal((await register({ verifyEd25519: throwing, sha256Into: throwing })).status, 200, 'a throwing host is declined');
   assert.equal((await register(null)).status, 200, 'no host crypto: the core alone');
 });
+
+test('pre-verification: an envelope verified ahead of the core has one digest, for message.send under its key and for message.deliver under its certificate', () => {
+  const alice = new Identity();
+  const bob = new Identity();
+  const cert = alice.certificate(NET, 'send', Date.now() - 1000);
+  const bobCert = bob.certificate(NET, 'send', Date.now() - 1000);
+  const { envelope } = JSON.parse(alice.message(NET, bob.accountId(), `[${bobCert}]`, 'x', Date.now(), false));
+  const key = Buffer.from(JSON.parse(cert).device_key, 'base64url');
+  const params = JSON.stringify({ envelope, device_certificate: JSON.parse(cert) });
+  const sent = native.preverifySend(key, params);
+  assert.match(sent, /^[0-9a-f]{64}$/);
+  assert.equal(native.preverifyDeliver(params), sent, 'the same envelope, the same digest');
+  const other = Buffer.from(JSON.parse(bobCert).device_key, 'base64url');
+  assert.equal(native.preverifySend(other, params), null, 'another key');
+  assert.equal(native.preverifyDeliver(JSON.stringify({ envelope, device_certificate: JSON.parse(bobCert) })), null, "another device's certificate");
+  const forged = JSON.stringify({ envelope: { ...envelope, created_at: envelope.created_at + 1 }, device_certificate: JSON.parse(cert) });
+  assert.equal(native.preverifySend(key, forged), null, 'changed after signing');
+  assert.equal(native.preverifySend(key, '{"envelope":'), null, 'not JSON');
+  assert.equal(native.envelopeDigest(key, Buffer.from('relay-v1:device_certificate\n{}'), Buffer.alloc(64)), null, 'only envelope inputs are looked up');
+});

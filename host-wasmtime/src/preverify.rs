@@ -1,26 +1,14 @@
 //! Envelope signatures checked on the HTTP workers, before their request reaches the core thread.
 //!
-//! The core thread is the relay's one serial resource, and the strict Ed25519
-//! verification of a message.send envelope is about a sixth of its work per
-//! message (docs/performance.md). A worker holding the request can do that
-//! verification in parallel when it knows the key: the device key the core
-//! verified this session's previous envelope with (message.send), or the key
-//! of the device certificate the request carries (message.deliver).
-//!
-//! A success is remembered by the SHA-256 of (key, signature, signed bytes).
-//! When the core then asks the host to verify exactly those bytes under that
-//! key, the host answers from that memory. Only successes of `verify_own` on
-//! those exact bytes are remembered, so the answer is the one the core would
-//! get. The key is still chosen by the core, from its own records: what the
-//! worker guessed only decides whether work can be skipped, never what is
-//! accepted. A miss (a new session, a stale key, a signing input the worker
-//! built differently) is verified on the core thread as before.
+//! What is verified and remembered is `relay_core::wire::preverify` (shared with
+//! the Node host's relay thread); this module keeps the two memories: session
+//! tokens' device keys, learned from the core thread's verifications, and the
+//! successes waiting for the core. A miss (a new session, a stale key, a
+//! signing input the worker built differently) is verified on the core thread
+//! as before.
 
-use relay_core::wire::certificate::DeviceCertificate;
-use relay_core::wire::envelope::MessageEnvelope;
-use relay_core::wire::json::{Object, Value};
-use relay_core::wire::signature::{verify_own, SignedObject, DOMAIN};
-use sha2::{Digest, Sha256};
+use relay_core::wire::json::Object;
+use relay_core::wire::preverify::{self, digest, is_envelope_input};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -30,13 +18,6 @@ pub const MAX_KEYS: usize = 65_536;
 /// Verified signatures waiting for the core, at most; when full, the memory starts over.
 pub const MAX_VALID: usize = 16_384;
 
-/// Whether `msg` is the signing input of a message envelope (protocol.md §1 signing rule).
-fn is_envelope_input(msg: &[u8]) -> bool {
-    msg.strip_prefix(DOMAIN.as_bytes())
-        .and_then(|r| r.strip_prefix(MessageEnvelope::TYPE.as_bytes()))
-        .is_some_and(|r| r.first() == Some(&b'\n'))
-}
-
 /// Signatures verified off the core thread, and the session keys that let workers verify.
 #[derive(Default)]
 pub struct Preverify {
@@ -44,14 +25,6 @@ pub struct Preverify {
     valid: Mutex<HashSet<[u8; 32]>>,
     /// Core-thread verifications answered from the memory (tests and measurements).
     pub hits: AtomicU64,
-}
-
-fn digest(key: &[u8], sig: &[u8], msg: &[u8]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(key);
-    h.update(sig);
-    h.update(msg);
-    h.finalize().into()
 }
 
 impl Preverify {
@@ -93,28 +66,16 @@ impl Preverify {
         let Some(key) = self.keys.lock().ok().and_then(|k| k.get(token).copied()) else {
             return;
         };
-        if let Some(env) = envelope(params) {
-            self.verify(&key, &env);
+        if let Some(d) = preverify::send(&key, params) {
+            self.remember(d);
         }
     }
 
     /// On a worker: verifies a message.deliver envelope under its device certificate's key.
     pub fn deliver(&self, params: &Object) {
-        let cert = match params.get("device_certificate") {
-            Some(Value::Object(o)) => DeviceCertificate::parse(o.clone()).ok(),
-            _ => None,
-        };
-        if let (Some(cert), Some(env)) = (cert, envelope(params)) {
-            self.verify(&cert.device_key, &env);
+        if let Some(d) = preverify::deliver(params) {
+            self.remember(d);
         }
-    }
-
-    fn verify(&self, key: &[u8; 32], env: &MessageEnvelope) {
-        let input = env.signing_input();
-        if verify_own(key, &input, env.sig()).is_err() {
-            return;
-        }
-        self.remember(digest(key, env.sig(), &input));
     }
 
     fn remember(&self, d: [u8; 32]) {
@@ -134,13 +95,6 @@ impl Preverify {
     /// Sessions whose key is known (for tests of the bound).
     pub fn sessions(&self) -> usize {
         self.keys.lock().map_or(0, |k| k.len())
-    }
-}
-
-fn envelope(params: &Object) -> Option<MessageEnvelope> {
-    match params.get("envelope") {
-        Some(Value::Object(o)) => MessageEnvelope::parse(o.clone()).ok(),
-        _ => None,
     }
 }
 
@@ -173,8 +127,6 @@ mod tests {
         let p = Preverify::default();
         let (key, sig) = ([1u8; 32], [2u8; 64]);
         let cert = b"relay-v1:device_certificate\n{}";
-        assert!(!is_envelope_input(b"relay-v1:message_envelopes\n{}"));
-        assert!(is_envelope_input(INPUT));
         p.learn("t", &key, cert);
         assert_eq!(p.sessions(), 0);
         p.remember(digest(&key, &sig, cert));

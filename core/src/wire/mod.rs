@@ -11,6 +11,7 @@ pub mod frame;
 pub mod identity;
 pub mod json;
 pub mod key_box;
+pub mod preverify;
 pub mod relay_request;
 pub mod route;
 pub mod session_open;

@@ -29,3 +29,39 @@ pub fn sha256_into(data: &[u8], mut out: Uint8ArraySlice<'_>) -> bool {
     out.copy_from_slice(&sha256_own(data));
     true
 }
+
+/// Hex of a pre-verification digest (`relay_core::wire::preverify`), the memory's key on both threads.
+fn hex(d: [u8; 32]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(64);
+    for b in d {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    s
+}
+
+/// On the transports' thread: verifies the envelope of message.send `params` (JSON text) under
+/// the session's known device `key`; the digest of a success, else null.
+#[napi(js_name = "preverifySend")]
+pub fn preverify_send(key: &[u8], params: String) -> Option<String> {
+    let key = <[u8; 32]>::try_from(key).ok()?;
+    let params = relay_core::wire::json::parse_object(params.as_bytes()).ok()?;
+    relay_core::wire::preverify::send(&key, &params).map(hex)
+}
+
+/// On the transports' thread: verifies the envelope of message.deliver `params` (JSON text)
+/// under the key of the device certificate they carry; the digest of a success, else null.
+#[napi(js_name = "preverifyDeliver")]
+pub fn preverify_deliver(params: String) -> Option<String> {
+    let params = relay_core::wire::json::parse_object(params.as_bytes()).ok()?;
+    relay_core::wire::preverify::deliver(&params).map(hex)
+}
+
+/// On the relay thread, when the core asks to verify: the digest to look up if `message` is an
+/// envelope's signing input, else null (nothing is looked up for other objects).
+#[napi(js_name = "envelopeDigest")]
+pub fn envelope_digest(key: &[u8], message: &[u8], signature: &[u8]) -> Option<String> {
+    relay_core::wire::preverify::is_envelope_input(message)
+        .then(|| hex(relay_core::wire::preverify::digest(key, signature, message)))
+}
