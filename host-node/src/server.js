@@ -53,7 +53,7 @@ function bearer(req) {
 
 /**
  * Serves a relay over HTTP and WebSocket: a `Relay` on this thread, or a relay thread
- * (`startRelayThread`), which leaves this thread to the transports.
+ * (`RelayThread.start`), which leaves this thread to the transports.
  * @param {import('./relay.js').Relay | import('./relay-thread.js').RelayThread} relay
  * @param {{host?: string, port?: number}} listen
  * @returns {Promise<{server: http.Server, port: number, close: () => Promise<void>}>}
@@ -92,7 +92,7 @@ export async function serve(relay, listen = {}) {
     }
   });
 
-  const wss = new WebSocketServer({ noServer: true, maxPayload: relay.maxRequestBytes + 1024 });
+  const wss = new WebSocketServer({ noServer: true, maxPayload: front.maxRequestBytes + 1024 });
   server.on('upgrade', async (req, socket, head) => {
     const url = new URL(req.url, 'http://relay');
     if (url.pathname !== '/v1/ws') return socket.destroy();
