@@ -18,19 +18,10 @@ export const MAX_KEYS = 65536;
 /** The verdict code of a valid signature (relay_core::wire::signature::code::VALID). */
 const VALID = 0;
 
-const ENVELOPE_INPUT = Buffer.from('relay-v1:message_envelope\n', 'latin1');
-
-/** Whether `msg` is the signing input of a message envelope (without hashing it). */
-function isEnvelopeInput(msg) {
-  if (msg.length < ENVELOPE_INPUT.length) return false;
-  for (let i = 0; i < ENVELOPE_INPUT.length; i++) if (msg[i] !== ENVELOPE_INPUT[i]) return false;
-  return true;
-}
-
 /** On the relay thread: successes waiting for the core, and the session keys it teaches. */
 export class Preverified {
   /**
-   * @param {{envelopeDigest: (key: Uint8Array, msg: Uint8Array, sig: Uint8Array) => string | null}} native
+   * @param {{envelopeDigest: (key: Uint8Array, msg: Uint8Array, sig: Uint8Array) => string | null, isEnvelopeInput: (msg: Uint8Array) => boolean}} native
    * @param {(token: string, key: Uint8Array) => void} learn told the key the core verified a session's envelope with
    */
   constructor(native, learn) {
@@ -63,7 +54,7 @@ export class Preverified {
       const verdict = verify(key, msg, sig);
       // A miss during a session's message.send: next time the main thread can verify.
       // The core passes views of its memory, so the key is copied.
-      if (verdict === VALID && this.sending !== null && isEnvelopeInput(msg)) this.learn(this.sending, key.slice());
+      if (verdict === VALID && this.sending !== null && this.native.isEnvelopeInput(msg)) this.learn(this.sending, key.slice());
       return verdict;
     };
   }
@@ -97,5 +88,5 @@ export class SessionKeys {
 
 /** Whether pre-verification is on: the addon has it and `RELAY_PREVERIFY=0` (for measuring) is not set. */
 export function preverifying(native) {
-  return Boolean(native?.preverifySend) && process.env.RELAY_PREVERIFY !== '0';
+  return Boolean(native?.preverifySend && native.isEnvelopeInput) && process.env.RELAY_PREVERIFY !== '0';
 }

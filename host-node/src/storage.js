@@ -115,20 +115,18 @@ export class SqliteStorage {
   }
   scan(start, end, limit) {
     if (limit <= 0) return [];
-    const s = start;
-    const e = end;
-    if (!this.overlay || this.overlay.size === 0) return this.rows(s, e, limit);
-    const lo = id(s);
-    const hi = id(e);
+    if (!this.overlay || this.overlay.size === 0) return this.rows(start, end, limit);
+    const lo = id(start);
+    const hi = id(end);
     const first = this.overlay.getPairOrNextHigher(lo);
-    if (first === undefined || first[0] >= hi) return this.rows(s, e, limit);
+    if (first === undefined || first[0] >= hi) return this.rows(start, end, limit);
     // Two ordered streams merged until `limit`: the group's writes in [start, end) (a
     // deletion hides the stored row of its key) and the stored rows. Each operation asks
     // for the first due or expiring key, and every send of the group wrote one of the
     // latter: collecting all of them per scan made a group's cost grow with its square.
     const out = [];
     const mine = this.overlay.entries(lo);
-    const stored = this.scanStmt.iterate(s, e);
+    const stored = this.scanStmt.iterate(start, end);
     try {
       let o = mine.next().value;
       let d = stored.next().value;

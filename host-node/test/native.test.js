@@ -138,4 +138,6 @@ test('pre-verification: an envelope verified ahead of the core has one digest, f
   assert.equal(native.preverifySend(key, forged), null, 'changed after signing');
   assert.equal(native.preverifySend(key, '{"envelope":'), null, 'not JSON');
   assert.equal(native.envelopeDigest(key, Buffer.from('relay-v1:device_certificate\n{}'), Buffer.alloc(64)), null, 'only envelope inputs are looked up');
+  assert.equal(native.isEnvelopeInput(Buffer.from('relay-v1:message_envelope\n{}')), true);
+  assert.equal(native.isEnvelopeInput(Buffer.from('relay-v1:message_envelopes\n{}')), false);
 });

@@ -112,6 +112,31 @@ pub fn envelope(
         .set("body", body)
 }
 
+/// For tests: an envelope with `body` from account 1's phone to account 2, signed, with its
+/// fixed keys (accounts from seeds 1 and 2, the phone from seeds 3 and 4).
+#[cfg(test)]
+pub(crate) fn signed_test_envelope(
+    body: Object,
+    created_at: u64,
+) -> (AccountKey, AccountKey, DeviceKey, Object) {
+    let (alice, bob) = (
+        AccountKey::from_seed([1; 32]),
+        AccountKey::from_seed([2; 32]),
+    );
+    let phone = DeviceKey::from_seeds([3; 32], [4; 32]);
+    let env = envelope(
+        "dev",
+        "AAAAAAAAAAAAAAAAAAAAAA",
+        &alice.id(),
+        &phone.id(),
+        &bob.id(),
+        created_at,
+        body,
+    )
+    .sign(&phone);
+    (alice, bob, phone, env)
+}
+
 /// A `route` naming `relay` as the account's home.
 pub fn route(
     network: &str,

@@ -261,28 +261,14 @@ pub(crate) fn state_conflict() -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::{draft, AccountKey, DeviceKey};
+    use crate::client::draft;
     use crate::wire::json::parse_object;
 
     #[test]
     fn the_params_hash_is_the_hash_of_the_canonical_params() {
-        let (alice, bob) = (
-            AccountKey::from_seed([1; 32]),
-            AccountKey::from_seed([2; 32]),
-        );
-        let phone = DeviceKey::from_seeds([3; 32], [4; 32]);
         let mut body = Object::new();
         body.insert("ct", "Zm9v\u{e9}\"\\");
-        let env = draft::envelope(
-            "dev",
-            "AAAAAAAAAAAAAAAAAAAAAA",
-            &alice.id(),
-            &phone.id(),
-            &bob.id(),
-            1_700_000_000_000,
-            body,
-        )
-        .sign(&phone);
+        let (_, _, _, env) = draft::signed_test_envelope(body, 1_700_000_000_000);
         // Members in a non-canonical order and spacing, as a client may send them.
         let text = format!(
             r#"{{ "recipient_boxes" : [{{"device_id":"x","z":1,"a":[true,null]}}],

@@ -90,27 +90,11 @@ mod tests {
     #[test]
     fn send_and_deliver_remember_only_envelopes_that_verify_under_the_key() {
         use crate::client::keys::Signer;
-        use crate::client::{draft, AccountKey, DeviceKey};
-        let (alice, bob) = (
-            AccountKey::from_seed([1; 32]),
-            AccountKey::from_seed([2; 32]),
-        );
-        let (phone, other) = (
-            DeviceKey::from_seeds([3; 32], [4; 32]),
-            DeviceKey::from_seeds([5; 32], [6; 32]),
-        );
+        use crate::client::{draft, DeviceKey};
         let mut body = Object::new();
         body.insert("ct", "Zm9v");
-        let env = draft::envelope(
-            "dev",
-            "AAAAAAAAAAAAAAAAAAAAAA",
-            &alice.id(),
-            &phone.id(),
-            &bob.id(),
-            1,
-            body,
-        )
-        .sign(&phone);
+        let (alice, _, phone, env) = draft::signed_test_envelope(body, 1);
+        let other = DeviceKey::from_seeds([5; 32], [6; 32]);
         let cert = |device: &DeviceKey| {
             draft::certificate("dev", &alice, device, &["send"], 1).sign(&alice)
         };

@@ -65,3 +65,9 @@ pub fn envelope_digest(key: &[u8], message: &[u8], signature: &[u8]) -> Option<S
     relay_core::wire::preverify::is_envelope_input(message)
         .then(|| hex(relay_core::wire::preverify::digest(key, signature, message)))
 }
+
+/// Whether `message` is an envelope's signing input (`relay_core::wire::preverify`), without hashing it.
+#[napi(js_name = "isEnvelopeInput")]
+pub fn is_envelope_input(message: &[u8]) -> bool {
+    relay_core::wire::preverify::is_envelope_input(message)
+}
