@@ -28,7 +28,7 @@ pub fn message(
     let key = seal::message_key(rng);
     let mut body = seal::seal_body(rng, &key, text.as_bytes());
     body.insert("x-test", text);
-    let id = random_id(rng);
+    let id = m.message_id.clone().unwrap_or_else(|| random_id(rng));
     let signer = &from.devices[from.device];
     let mut env = draft::envelope(NET, &id, &from.key.id(), &signer.id(), to, created_at, body);
     if let Some(t) = m.body_expires_at {

@@ -99,6 +99,8 @@ pub struct Msg {
     /// created_at relative to the sender relay's now.
     pub created_offset: i64,
     pub body_expires_at: Option<u64>,
+    /// This message_id instead of a random one (to reuse a logical key).
+    pub message_id: Option<String>,
 }
 
 /// Relays, accounts and a network, all seeded.

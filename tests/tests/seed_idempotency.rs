@@ -311,3 +311,69 @@ fn outcomes_for_unknown_tasks_or_attempts_are_ignored() {
     );
     let _ = Object::new();
 }
+
+#[test]
+fn after_retention_a_logical_key_is_accepted_anew_only_once_its_earlier_delivery_is_cleared() {
+    // Seed, result retention: after retention a request that cannot be recognized is
+    // handled as not yet accepted, and a relay may answer message_expired when it can tell
+    // that retention ended. Expiry runs a few records per tick here, so the sent record
+    // goes before the failed delivery that shares its logical key.
+    let mut w = World::new(43);
+    let a = w.relay_with("a", |c| {
+        c.policies.message_retention = 3_600_000;
+        c.policies.message_delivery_age_limit = 600_000;
+        c.tick_batch = 1;
+    });
+    let b = w.relay("b");
+    let alice = w.account(a, 1, true);
+    let bob = w.account(b, 1, true);
+    w.publish_route(a, &bob);
+    let m = w.message(&alice, 0, &bob, "first", &Msg::default());
+    let id = message_id(&m);
+    w.send(&alice, 0, &m).result.unwrap();
+    let req = w.take_outbox().remove(0);
+    let rejected = Outcome::Error(error_body("permission_denied", None));
+    w.outcome(a, &req.task, req.attempt, rejected);
+    assert_eq!(w.deliveries(a, Some("failed")).len(), 1);
+
+    // Retention ends; one record expires per tick, the sent record before the delivery.
+    w.now += 3_600_001;
+    let mut ticks = 0;
+    while code_of(&w.status(&alice, &id)) != "not_found" {
+        assert!(ticks < 10, "the sent record expires");
+        w.tick(a);
+        ticks += 1;
+    }
+    let lingering = |w: &World| {
+        w.nodes[a]
+            .store
+            .snapshot()
+            .keys()
+            .any(|k| k.starts_with(b"task/"))
+    };
+    assert!(lingering(&w), "the failed delivery's record lingers");
+    let again = Msg {
+        message_id: Some(id.clone()),
+        ..Msg::default()
+    };
+    let m2 = w.message(&alice, 0, &bob, "second", &again);
+    assert_eq!(
+        code_of(&w.send(&alice, 0, &m2)),
+        "message_expired",
+        "a second delivery under the lingering one's id would be erased by its expiry"
+    );
+
+    // Once expiry has cleared it, the same logical key is accepted anew and delivered.
+    w.tick(a);
+    assert!(!lingering(&w));
+    assert_eq!(
+        status_of(&w.send(&alice, 0, &m2).result.unwrap()),
+        "delivering"
+    );
+    w.run_for(60_000);
+    assert_eq!(
+        status_of(&w.status(&alice, &id).result.unwrap()),
+        "target_accepted"
+    );
+    assert_eq!(w.record_count(b, &bob), 1);
+}

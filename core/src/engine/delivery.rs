@@ -113,6 +113,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// Takes responsibility for a new task and makes its first attempt now.
     ///
+    /// The caller has read the task's record as absent, so the store holds no index entry
+    /// of this id either: a local delivery that ends in this transaction writes none.
     /// `parsed` is the task body already parsed (by `message.send`), for local delivery.
     pub(crate) fn start_task(
         &mut self,
@@ -121,9 +123,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         parsed: Option<Incoming>,
     ) -> Result<(), Error> {
         self.txn
-            .put_raw(k::by_destination(&t.target, id), Vec::new());
+            .put_new(k::by_destination(&t.target, id), Vec::new());
         t.next_at = self.now;
-        self.reindex(id, None, &t);
+        self.txn.put_new(k::due(t.next_at, id), Vec::new());
+        self.rescheduled = true;
         if self.now < t.deadline && self.is_local(&t) {
             return self.deliver_locally(id, t, parsed);
         }

@@ -59,6 +59,9 @@ pub(crate) struct Incoming {
     /// The certificate already parsed, with its canonical text (local delivery: the
     /// sender's registered certificate), so the receiving rules do not parse it again.
     pub certificate: Option<(DeviceCertificate, String)>,
+    /// The recipient's held route was read in this transaction and designates this relay
+    /// (local delivery straight from `message.send`), so rule 1 need not read it again.
+    pub routed_here: bool,
 }
 
 impl Incoming {
@@ -73,6 +76,7 @@ impl Incoming {
             params,
             envelope,
             certificate: None,
+            routed_here: false,
         })
     }
 }
@@ -115,7 +119,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let tol = self.cfg.policies.clock_tolerance;
         // Rule 1: this relay is the home designated by the recipient's current route
         // (the account record is kept for rule 4 and the append).
-        let Some(acct) = self.home_account(to)? else {
+        let acct = if inc.routed_here {
+            self.txn.get(&k::account(to))?
+        } else {
+            self.home_account(to)?
+        };
+        let Some(acct) = acct else {
             return Err(self.not_home(to));
         };
         // Rule 2: object constraints, the certificate, the envelope signature.

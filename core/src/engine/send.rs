@@ -60,6 +60,17 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
             return Ok(status::from_send(&from, &id, &r));
         }
+        // Expiry of an earlier acceptance of this key may have removed its sent record and
+        // not yet its delivery (a tick expires a bounded batch). A second delivery under the
+        // same task id would be erased by that expiry, so until it is cleared the key is
+        // answered as the seed allows once retention has ended.
+        let task = task_id(&from, &id);
+        if !self.txn.is_absent(&k::task(&task))? {
+            return Err(Error::new(
+                ErrorCode::MessageExpired,
+                "the retention of an earlier acceptance of this message_id has ended; its result is unavailable",
+            ));
+        }
         // 4. The method's checks.
         let Some(from_acct) = self.home_account(&from)? else {
             return Err(self.not_home(&from));
@@ -207,7 +218,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             ));
         };
         self.txn.put(send_key, &rec);
-        let task = TaskRec {
+        let task_rec = TaskRec {
             from: from.clone(),
             message_id: id.clone(),
             to,
@@ -229,7 +240,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         };
         // For local delivery the parsed deliver params go along, so it neither
         // re-parses them nor verifies the envelope again (it just verified).
-        let parsed = (task.target == self.cfg.relay.as_str()).then(|| {
+        let parsed = (task_rec.target == self.cfg.relay.as_str()).then(|| {
             let mut deliver = Object::new();
             deliver.insert("recipient_boxes", boxes_value);
             deliver.insert("device_certificate", Value::Object(cert.raw().clone()));
@@ -241,9 +252,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 params: deliver,
                 envelope: env,
                 certificate,
+                routed_here: true,
             }
         });
-        self.start_task(&task_id(&from, &id), task, parsed)?;
+        self.start_task(&task, task_rec, parsed)?;
         let rec: SendRec = self.txn.get(&k::sent(&from, &id))?.unwrap_or(rec);
         Ok(status::from_send(&from, &id, &rec))
     }

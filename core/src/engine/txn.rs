@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 pub(crate) struct Txn<'s, S: Storage> {
     store: &'s mut S,
     writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Keys the store is known not to hold (a few per operation at most): deleting one
+    /// drops its pending write instead of writing a delete.
+    absent: Vec<Vec<u8>>,
 }
 
 impl<'s, S: Storage> Txn<'s, S> {
@@ -15,6 +18,7 @@ impl<'s, S: Storage> Txn<'s, S> {
         Txn {
             store,
             writes: BTreeMap::new(),
+            absent: Vec::new(),
         }
     }
 
@@ -23,6 +27,19 @@ impl<'s, S: Storage> Txn<'s, S> {
             Some(v) => Ok(v.clone()),
             None => self.store.get(key),
         }
+    }
+
+    /// Whether `key` is absent; when the store itself lacks it, deleting it later in this
+    /// transaction writes nothing (the store does not change under a transaction).
+    pub(crate) fn is_absent(&mut self, key: &[u8]) -> Result<bool, StorageError> {
+        if let Some(v) = self.writes.get(key) {
+            return Ok(v.is_none());
+        }
+        let absent = self.store.get(key)?.is_none();
+        if absent {
+            self.absent.push(key.to_vec());
+        }
+        Ok(absent)
     }
 
     /// A stored record, decoded.
@@ -45,6 +62,13 @@ impl<'s, S: Storage> Txn<'s, S> {
         self.writes.insert(key, Some(value));
     }
 
+    /// Stores a key the caller knows the store does not hold (a key of an id this operation
+    /// made sure is new), so that deleting it later in the transaction writes nothing.
+    pub(crate) fn put_new(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.absent.push(key.clone());
+        self.writes.insert(key, Some(value));
+    }
+
     /// Stores a record.
     pub(crate) fn put<T: Serialize>(&mut self, key: Vec<u8>, value: &T) {
         // Records are plain structs of strings and integers: serialization cannot fail.
@@ -53,7 +77,11 @@ impl<'s, S: Storage> Txn<'s, S> {
     }
 
     pub(crate) fn delete(&mut self, key: Vec<u8>) {
-        self.writes.insert(key, None);
+        if self.absent.contains(&key) {
+            self.writes.remove(&key);
+        } else {
+            self.writes.insert(key, None);
+        }
     }
 
     /// Up to `limit` entries in `[start, end)`, this transaction's writes applied.
@@ -89,5 +117,89 @@ impl<'s, S: Storage> Txn<'s, S> {
             self.store.commit(self.writes.into_iter().collect())?;
         }
         Ok(self.store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::storage::{MemoryStore, Write};
+
+    /// A memory store that keeps every batch it was asked to commit.
+    #[derive(Default)]
+    struct Recorded {
+        inner: MemoryStore,
+        batches: Vec<Vec<Write>>,
+    }
+
+    impl Storage for Recorded {
+        fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+            self.inner.get(key)
+        }
+        fn scan(&mut self, s: &[u8], e: &[u8], n: usize) -> Result<Vec<Entry>, StorageError> {
+            self.inner.scan(s, e, n)
+        }
+        fn commit(&mut self, batch: Vec<Write>) -> Result<(), StorageError> {
+            self.batches.push(batch.clone());
+            self.inner.commit(batch)
+        }
+    }
+
+    fn stored(pairs: &[(&str, &str)]) -> Recorded {
+        let mut r = Recorded::default();
+        let batch = pairs
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), Some(v.as_bytes().to_vec())))
+            .collect();
+        r.inner.commit(batch).unwrap();
+        r
+    }
+
+    fn key(s: &str) -> Vec<u8> {
+        s.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn a_key_known_absent_and_left_absent_writes_nothing() {
+        let mut store = stored(&[("a", "1")]);
+        let mut t = Txn::new(&mut store);
+        assert!(t.is_absent(b"missing").unwrap());
+        t.delete(key("missing"));
+        assert!(!t.is_absent(b"a").unwrap());
+        t.put_new(key("made"), b"x".to_vec());
+        t.put_raw(key("made"), b"y".to_vec());
+        assert_eq!(t.get_raw(b"made").unwrap(), Some(b"y".to_vec()));
+        assert_eq!(t.scan(b"a", b"z", 10).unwrap().len(), 2);
+        t.delete(key("made"));
+        assert_eq!(t.scan(b"a", b"z", 10).unwrap(), vec![(key("a"), key("1"))]);
+        t.commit_returning_store().unwrap();
+        assert!(store.batches.is_empty(), "{:?}", store.batches);
+    }
+
+    #[test]
+    fn deletes_of_keys_the_store_may_hold_are_written() {
+        let mut store = stored(&[("a", "1"), ("b", "2")]);
+        let mut t = Txn::new(&mut store);
+        t.delete(key("a"));
+        assert_eq!(t.get_raw(b"b").unwrap(), Some(key("2")));
+        t.delete(key("b"));
+        t.delete(key("never-read"));
+        assert_eq!(t.get_raw(b"gone").unwrap(), None);
+        t.put_raw(key("gone"), key("3"));
+        t.put_raw(key("new"), key("4"));
+        assert!(!t.is_absent(b"new").unwrap(), "a pending write counts");
+        t.delete(key("new"));
+        t.commit_returning_store().unwrap();
+        assert_eq!(
+            store.batches,
+            vec![vec![
+                (key("a"), None),
+                (key("b"), None),
+                (key("gone"), Some(key("3"))),
+                (key("never-read"), None),
+                (key("new"), None),
+            ]]
+        );
+        assert_eq!(store.inner.len(), 1);
     }
 }
