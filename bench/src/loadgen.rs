@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Registers the fixture's accounts at `url` and opens their sessions; the bearer headers.
-async fn sessions(fx: &Fixture, url: &str) -> anyhow::Result<Vec<String>> {
+pub async fn sessions(fx: &Fixture, url: &str) -> anyhow::Result<Vec<String>> {
     let http = admin_client();
     let mut tokens = Vec::new();
     for a in &fx.accounts {
@@ -46,60 +46,67 @@ pub struct Level {
 pub async fn run(fx: &Fixture, url: &str, concurrencies: &[usize]) -> anyhow::Result<Vec<Level>> {
     let tokens = Arc::new(sessions(fx, url).await?);
     let per = fx.sends.len() / concurrencies.len().max(1);
-    let http = Arc::new(admin_client());
     let mut out = Vec::new();
     for (level, &c) in concurrencies.iter().enumerate() {
-        let msgs: Arc<Vec<(usize, Vec<u8>)>> =
-            Arc::new(fx.sends[level * per..(level + 1) * per].to_vec());
-        let next = Arc::new(AtomicUsize::new(0));
-        let started = Instant::now();
-        let mut workers = Vec::new();
-        for _ in 0..c {
-            let (http, msgs, next, tokens) =
-                (http.clone(), msgs.clone(), next.clone(), tokens.clone());
-            let target = format!("{url}/v1/message.send");
-            workers.push(tokio::spawn(async move {
-                let mut lat: Vec<Duration> = Vec::new();
-                let mut failures: Vec<String> = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= msgs.len() {
-                        return (lat, failures);
-                    }
-                    let (s, body) = &msgs[i];
-                    let t = Instant::now();
-                    // A failed request is counted, never retried: only accepted sends make the rate.
-                    match http
-                        .post(&target, &[("authorization", &tokens[*s])], body.clone())
-                        .await
-                    {
-                        Ok((200, b))
-                            if fixture::status(&b).as_deref() == Some("target_accepted") =>
-                        {
-                            lat.push(t.elapsed())
-                        }
-                        Ok((status, b)) => failures.push(format!(
-                            "message.send: {status} {}",
-                            String::from_utf8_lossy(&b)
-                        )),
-                        Err(e) => failures.push(format!("{e}")),
-                    }
-                }
-            }));
-        }
-        let mut lat = Vec::new();
-        let mut failures = Vec::new();
-        for w in workers {
-            let (l, f) = w.await?;
-            lat.extend(l);
-            failures.extend(f);
-        }
-        out.push(Level {
-            concurrency: c,
-            sample: Sample::new("message.send", lat, started.elapsed()),
-            failed: failures.len(),
-            first_failure: failures.into_iter().next(),
-        });
+        let msgs = fx.sends[level * per..(level + 1) * per].to_vec();
+        out.push(self::level(msgs, &tokens, url, c).await?);
     }
     Ok(out)
+}
+
+/// Sends `msgs` (sender index, params) to `url` from `c` clients at once, under the senders' `tokens`.
+pub async fn level(
+    msgs: Vec<(usize, Vec<u8>)>,
+    tokens: &Arc<Vec<String>>,
+    url: &str,
+    c: usize,
+) -> anyhow::Result<Level> {
+    let http = Arc::new(admin_client());
+    let msgs = Arc::new(msgs);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..c {
+        let (http, msgs, next, tokens) = (http.clone(), msgs.clone(), next.clone(), tokens.clone());
+        let target = format!("{url}/v1/message.send");
+        workers.push(tokio::spawn(async move {
+            let mut lat: Vec<Duration> = Vec::new();
+            let mut failures: Vec<String> = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= msgs.len() {
+                    return (lat, failures);
+                }
+                let (s, body) = &msgs[i];
+                let t = Instant::now();
+                // A failed request is counted, never retried: only accepted sends make the rate.
+                match http
+                    .post(&target, &[("authorization", &tokens[*s])], body.clone())
+                    .await
+                {
+                    Ok((200, b)) if fixture::status(&b).as_deref() == Some("target_accepted") => {
+                        lat.push(t.elapsed())
+                    }
+                    Ok((status, b)) => failures.push(format!(
+                        "message.send: {status} {}",
+                        String::from_utf8_lossy(&b)
+                    )),
+                    Err(e) => failures.push(format!("{e}")),
+                }
+            }
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut failures = Vec::new();
+    for w in workers {
+        let (l, f) = w.await?;
+        lat.extend(l);
+        failures.extend(f);
+    }
+    Ok(Level {
+        concurrency: c,
+        sample: Sample::new("message.send", lat, started.elapsed()),
+        failed: failures.len(),
+        first_failure: failures.into_iter().next(),
+    })
 }

@@ -175,17 +175,82 @@ async fn http(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> 
     Ok(())
 }
 
+/// Accepted messages per round of the soak: signed while the host waits, then sent at c=32.
+const SOAK_ROUND: usize = 20_000;
+
+/// `--soak N`: each host over HTTP takes N sends at c=32 in rounds of 20,000 on one
+/// database; its anonymous RSS after each round shows whether memory grows with them.
+async fn soak(
+    rep: &mut Report,
+    scratch: &Path,
+    skip: &[String],
+    total: usize,
+) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?
+        .parent()
+        .map(|d| d.join("relay"))
+        .ok_or_else(|| anyhow::anyhow!("no exe dir"))?;
+    for (part, name) in [
+        ("wasmtime", "wasmtime host, HTTP"),
+        ("node", "node host, HTTP"),
+    ] {
+        if skip.iter().any(|s| s == part) {
+            continue;
+        }
+        let host = if part == "wasmtime" {
+            hosts::Host::wasmtime(&exe, &scratch.join("soak-wasmtime")).await?
+        } else {
+            hosts::Host::node(&root(), &scratch.join("soak-node")).await?
+        };
+        let mut fx = fixture::build(&host.url, 0, 0, 3);
+        let tokens = std::sync::Arc::new(loadgen::sessions(&fx, &host.url).await?);
+        let mut along = vec![(0, host.rss_kib())];
+        let mut rates = Vec::new();
+        let mut sent = 0;
+        while sent < total {
+            let n = SOAK_ROUND.min(total - sent);
+            let msgs = fx.more_sends(n, None);
+            let l = loadgen::level(msgs, &tokens, &host.url, 32).await?;
+            anyhow::ensure!(
+                l.failed == 0,
+                "{name} soak: {} failed, first: {:?}",
+                l.failed,
+                l.first_failure
+            );
+            sent += n;
+            along.push((sent, host.rss_kib()));
+            rates.push(l.sample.per_s.round());
+            eprintln!(
+                "  {name}: {sent} accepted, {:.0}/s, anonymous RSS {:?} KiB",
+                l.sample.per_s,
+                host.rss_kib()
+            );
+        }
+        host.stop();
+        rep.extra.push((
+            format!("soak: {name} anonymous RSS KiB along {total} sends at c=32, [accepted, KiB]"),
+            serde_json::json!(along),
+        ));
+        rep.extra.push((
+            format!("soak: {name} send/s of each round of {SOAK_ROUND}"),
+            serde_json::json!(rates),
+        ));
+    }
+    Ok(())
+}
+
 /// What a run was asked for on the command line.
 struct Args {
     quick: bool,
     skip: Vec<String>,
     concurrency: Option<Vec<usize>>,
     scale_large: Option<usize>,
+    soak: Option<usize>,
     out: Option<PathBuf>,
 }
 
 const USAGE: &str = "usage: ./x bench [--quick] [--skip inprocess,http,node,wasmtime,scale] \
-[--concurrency 8,32,128] [--scale-large N] [--out DIR]";
+[--concurrency 8,32,128] [--scale-large N] [--soak N] [--out DIR]";
 
 /// Parses the flags; anything unknown or malformed is an error, never a silent full run.
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -194,6 +259,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         skip: Vec::new(),
         concurrency: None,
         scale_large: None,
+        soak: None,
         out: None,
     };
     let mut it = args.iter();
@@ -228,6 +294,13 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                         .map_err(|_| "--scale-large takes a count of records")?,
                 );
             }
+            "--soak" => {
+                a.soak = Some(
+                    value()?
+                        .parse()
+                        .map_err(|_| "--soak takes a count of messages")?,
+                );
+            }
             "--out" => a.out = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -247,6 +320,7 @@ async fn main() -> anyhow::Result<()> {
         skip,
         concurrency,
         scale_large,
+        soak: soak_total,
         out,
     } = match parse_args(&raw) {
         Ok(a) => a,
@@ -284,6 +358,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if !skip.iter().any(|s| s == "http") {
         http(&mut rep, &sz, &scratch, &skip).await?;
+    }
+    // `--soak N` (e.g. 1000000): memory of each host across N accepted messages; not in the full run.
+    if let Some(total) = soak_total {
+        soak(&mut rep, &scratch, &skip, total).await?;
     }
     if !skip.iter().any(|s| s == "scale") {
         let mut sc = sz.scale;
@@ -345,6 +423,10 @@ mod tests {
         assert_eq!(a.skip, ["node", "scale"]);
         assert_eq!(a.concurrency, Some(vec![8, 32]));
         assert_eq!(a.out.as_deref(), Some(std::path::Path::new("/x")));
+        assert_eq!(
+            parse_args(&args("--soak 1000000")).unwrap().soak,
+            Some(1_000_000)
+        );
         for bad in [
             "--help-me",
             "--skip nodes",
@@ -352,6 +434,8 @@ mod tests {
             "--concurrency 0",
             "--scale-large",
             "--scale-large many",
+            "--soak",
+            "--soak lots",
             "full",
         ] {
             assert!(parse_args(&args(bad)).is_err(), "{bad} was accepted");
