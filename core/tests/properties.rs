@@ -87,6 +87,21 @@ proptest! {
     }
 
     #[test]
+    fn a_value_held_as_its_canonical_text_writes_and_compares_as_the_value(v in arb_value(), w in arb_value()) {
+        // Value::Canonical: stored canonical texts an answer writes verbatim.
+        let text = canonical::to_string(&v);
+        let held = Value::Canonical(text.clone());
+        let arr = vec![held.clone(), v.clone()];
+        prop_assert_eq!(canonical::to_vec(&Value::Array(arr)), canonical::to_vec(&Value::Array(vec![v.clone(), v.clone()])));
+        prop_assert_eq!(&held, &v);
+        prop_assert_eq!(&v, &held);
+        prop_assert_eq!(&held, &Value::Canonical(text));
+        let same = v == w;
+        prop_assert_eq!(held == w, same);
+        prop_assert_eq!(held == Value::Canonical(canonical::to_string(&w)), same);
+    }
+
+    #[test]
     fn any_spelling_of_a_value_has_the_same_canonical_form(v in arb_value()) {
         let mut loose = String::new();
         write_loose(&v, &mut loose);

@@ -426,7 +426,10 @@ impl World {
             "message.timeline.sync",
             &p,
         );
-        r.result.map(|v| v.as_object().cloned().unwrap_or_default())
+        // As a client reads it: the answer's bytes, parsed (entries carry stored texts verbatim).
+        let body = r.body();
+        r.result
+            .map(|_| parse(&body).as_object().cloned().unwrap_or_default())
     }
 
     /// Every entry visible to a device, following pages.

@@ -1467,7 +1467,8 @@ impl Sim {
                 p.insert("limit", 100u64);
                 let r = self.w.call(relay, &caller, "message.timeline.sync", &p);
                 let page = match r.result {
-                    Ok(v) => v,
+                    // As a device reads it: the answer's bytes, parsed.
+                    Ok(_) => parse(&r.body()),
                     Err(e) => self.fail(format!("sync of a{acct} device {dev} at r{relay}: {e:?}")),
                 };
                 for e in field(&page, "entries").and_then(array).unwrap_or_default() {

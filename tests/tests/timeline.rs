@@ -82,6 +82,46 @@ fn sync_returns_only_the_calling_devices_own_key_box_and_the_sending_certificate
 }
 
 #[test]
+fn a_sync_answer_is_canonical_json_with_each_signed_object_as_it_was_accepted() {
+    let mut w = World::new(76);
+    let a = w.relay("a");
+    let b = w.relay("b");
+    let alice = w.account(a, 1, true);
+    let bob = w.account(a, 2, true);
+    let carol = w.account(b, 1, true);
+    w.publish_route(b, &bob);
+    let local = w.message(&alice, 0, &bob, "local", &Msg::default());
+    w.send(&alice, 0, &local).result.unwrap();
+    let remote = w.message(&carol, 0, &bob, "remote", &Msg::default());
+    w.send(&carol, 0, &remote).result.unwrap();
+    w.pump();
+    let mut q = Object::new();
+    q.insert("after", 0u64);
+    let r = w.call(a, &World::session(&bob, 1), "message.timeline.sync", &q);
+    let body = r.body();
+    let page = parse(&body);
+    // The stored texts go out verbatim; the whole answer is still RFC 8785 canonical.
+    assert_eq!(relay_core::wire::canonical::to_vec(&page), body);
+    let entries = field(&page, "entries").and_then(array).unwrap();
+    assert_eq!(entries.len(), 2);
+    for (e, (sent, sender)) in entries.iter().zip([(&local, &alice), (&remote, &carol)]) {
+        assert_eq!(field(e, "envelope"), sent.get("envelope"));
+        assert_eq!(
+            field(e, "device_certificate"),
+            Some(&Value::Object(sender.certs[0].clone()))
+        );
+        assert_eq!(
+            field(e, "key_box")
+                .and_then(|k| field(k, "device_id"))
+                .and_then(Value::as_str),
+            Some(bob.devices[1].id().as_str())
+        );
+    }
+    // The result value compares equal to the parsed answer, verbatim texts included.
+    assert_eq!(r.result.unwrap(), page);
+}
+
+#[test]
 fn visibility_is_fixed_at_acceptance_and_never_recomputed() {
     let mut w = World::new(73);
     let a = w.relay("a");

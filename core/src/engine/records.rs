@@ -41,6 +41,14 @@ impl Canon {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// The text as a value an answer writes verbatim (`null` when none is held).
+    pub fn into_value(self) -> crate::wire::json::Value {
+        if self.0.is_empty() {
+            return crate::wire::json::Value::Null;
+        }
+        crate::wire::json::Value::Canonical(self.0)
+    }
 }
 
 impl Serialize for Canon {

@@ -12,7 +12,7 @@ use super::storage::Storage;
 use super::{Caller, Effect, Entropy};
 use crate::wire::canonical;
 use crate::wire::field::{FieldError, Fields};
-use crate::wire::json::{self, Object, Value};
+use crate::wire::json::{Object, Value};
 use crate::wire::key_box::KeyBox;
 use crate::{Error, ErrorCode};
 
@@ -155,15 +155,16 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     && r.body_expires_at.is_none_or(|t| self.now < t)
                     && r.visible.contains(&s.device_id);
                 if readable {
-                    if let Some(b) = r.boxes.iter().find(|b| b.device_id == s.device_id) {
+                    if let Some(b) = r.boxes.into_iter().find(|b| b.device_id == s.device_id) {
+                        // The stored texts are canonical: the answer copies them as they are.
                         let mut e = Object::new();
                         e.insert("seq", r.seq);
-                        e.insert("kind", r.kind.as_str());
+                        e.insert("kind", r.kind);
                         e.insert("accepted_at", r.accepted_at);
                         e.insert("expires_at", r.expires_at);
-                        e.insert("envelope", json::parse(r.envelope.as_bytes())?);
-                        e.insert("device_certificate", json::parse(r.certificate.as_bytes())?);
-                        e.insert("key_box", json::parse(b.key_box.as_bytes())?);
+                        e.insert("envelope", r.envelope.into_value());
+                        e.insert("device_certificate", r.certificate.into_value());
+                        e.insert("key_box", b.key_box.into_value());
                         entries.push(Value::Object(e));
                     }
                 }

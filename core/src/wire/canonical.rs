@@ -111,6 +111,7 @@ pub fn write_value(value: &Value, out: &mut impl Sink) {
             out.push_ascii(b']');
         }
         Value::Object(o) => write_object(o, None, out),
+        Value::Canonical(text) => out.push_str(text),
     }
 }
 

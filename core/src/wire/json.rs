@@ -136,6 +136,11 @@ pub enum Value {
     String(String),
     Array(Vec<Value>),
     Object(Object),
+    /// A value held as its canonical JSON text, which the canonical writer copies verbatim:
+    /// signed objects the engine stored in canonical form, on their way out in an answer
+    /// (a sync page), so they are not parsed only to be written again. Made only by the
+    /// engine from texts it canonicalized; the accessors see no object or string in it.
+    Canonical(String),
 }
 
 impl PartialEq for Value {
@@ -147,6 +152,11 @@ impl PartialEq for Value {
             (Value::String(a), Value::String(b)) => a == b,
             (Value::Array(a), Value::Array(b)) => a == b,
             (Value::Object(a), Value::Object(b)) => objects_equal(a, b),
+            // Canonical texts are equal exactly when their values are (RFC 8785).
+            (Value::Canonical(a), Value::Canonical(b)) => a == b,
+            (Value::Canonical(t), v) | (v, Value::Canonical(t)) => {
+                parse(t.as_bytes()).is_ok_and(|p| &p == v)
+            }
             _ => false,
         }
     }
