@@ -60,6 +60,9 @@ pub enum Caller {
 }
 
 /// The answer to one call: a result object or a protocol error, and effects.
+///
+/// A result may hold stored signed objects as [`Value::Canonical`] texts (a sync page's
+/// entries): read an answer through [`Response::body`], as a client does.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Response {
     pub result: Result<Value, Error>,
