@@ -2,7 +2,7 @@
 
 use crate::fixture::{self, Fixture};
 use crate::report::Sample;
-use relay_host_wasmtime::admin_client;
+use relay_host_wasmtime::{admin_client, AdminClient};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,22 +46,24 @@ pub struct Level {
 pub async fn run(fx: &Fixture, url: &str, concurrencies: &[usize]) -> anyhow::Result<Vec<Level>> {
     let tokens = Arc::new(sessions(fx, url).await?);
     let per = fx.sends.len() / concurrencies.len().max(1);
+    // One client for every level: later levels find their connections open.
+    let http = Arc::new(admin_client());
     let mut out = Vec::new();
     for (level, &c) in concurrencies.iter().enumerate() {
         let msgs = fx.sends[level * per..(level + 1) * per].to_vec();
-        out.push(self::level(msgs, &tokens, url, c).await?);
+        out.push(self::level(&http, msgs, &tokens, url, c).await?);
     }
     Ok(out)
 }
 
 /// Sends `msgs` (sender index, params) to `url` from `c` clients at once, under the senders' `tokens`.
 pub async fn level(
+    http: &Arc<AdminClient>,
     msgs: Vec<(usize, Vec<u8>)>,
     tokens: &Arc<Vec<String>>,
     url: &str,
     c: usize,
 ) -> anyhow::Result<Level> {
-    let http = Arc::new(admin_client());
     let msgs = Arc::new(msgs);
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();

@@ -134,12 +134,17 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
     Ok(())
 }
 
-async fn http(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> anyhow::Result<()> {
-    let n = sz.http_per_level * sz.concurrencies.len();
-    let exe = std::env::current_exe()?
+/// The `relay` binary built beside this one.
+fn relay_exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe()?
         .parent()
         .map(|d| d.join("relay"))
-        .ok_or_else(|| anyhow::anyhow!("no exe dir"))?;
+        .ok_or_else(|| anyhow::anyhow!("no exe dir"))
+}
+
+async fn http(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> anyhow::Result<()> {
+    let n = sz.http_per_level * sz.concurrencies.len();
+    let exe = relay_exe()?;
     let mut hosts: Vec<(&str, hosts::Host)> = Vec::new();
     if !skip.iter().any(|s| s == "wasmtime") {
         hosts.push((
@@ -186,10 +191,7 @@ async fn soak(
     skip: &[String],
     total: usize,
 ) -> anyhow::Result<()> {
-    let exe = std::env::current_exe()?
-        .parent()
-        .map(|d| d.join("relay"))
-        .ok_or_else(|| anyhow::anyhow!("no exe dir"))?;
+    let exe = relay_exe()?;
     for (part, name) in [
         ("wasmtime", "wasmtime host, HTTP"),
         ("node", "node host, HTTP"),
@@ -202,31 +204,9 @@ async fn soak(
         } else {
             hosts::Host::node(&root(), &scratch.join("soak-node")).await?
         };
-        let mut fx = fixture::build(&host.url, 0, 0, 3);
-        let tokens = std::sync::Arc::new(loadgen::sessions(&fx, &host.url).await?);
-        let mut along = vec![(0, host.rss_kib())];
-        let mut rates = Vec::new();
-        let mut sent = 0;
-        while sent < total {
-            let n = SOAK_ROUND.min(total - sent);
-            let msgs = fx.more_sends(n, None);
-            let l = loadgen::level(msgs, &tokens, &host.url, 32).await?;
-            anyhow::ensure!(
-                l.failed == 0,
-                "{name} soak: {} failed, first: {:?}",
-                l.failed,
-                l.first_failure
-            );
-            sent += n;
-            along.push((sent, host.rss_kib()));
-            rates.push(l.sample.per_s.round());
-            eprintln!(
-                "  {name}: {sent} accepted, {:.0}/s, anonymous RSS {:?} KiB",
-                l.sample.per_s,
-                host.rss_kib()
-            );
-        }
+        let rounds = soak_rounds(&host, name, total).await;
         host.stop();
+        let (along, rates) = rounds?;
         rep.extra.push((
             format!("soak: {name} anonymous RSS KiB along {total} sends at c=32, [accepted, KiB]"),
             serde_json::json!(along),
@@ -237,6 +217,40 @@ async fn soak(
         ));
     }
     Ok(())
+}
+
+/// The soak's rounds against one host: its anonymous RSS after each, and each round's rate.
+async fn soak_rounds(
+    host: &hosts::Host,
+    name: &str,
+    total: usize,
+) -> anyhow::Result<(Vec<(usize, Option<u64>)>, Vec<f64>)> {
+    let mut fx = fixture::build(&host.url, 0, 0, 3);
+    let tokens = std::sync::Arc::new(loadgen::sessions(&fx, &host.url).await?);
+    let http = std::sync::Arc::new(relay_host_wasmtime::admin_client());
+    let mut along = vec![(0, host.rss_kib())];
+    let mut rates = Vec::new();
+    let mut sent = 0;
+    while sent < total {
+        let n = SOAK_ROUND.min(total - sent);
+        let msgs = fx.more_sends(n, None);
+        let l = loadgen::level(&http, msgs, &tokens, &host.url, 32).await?;
+        anyhow::ensure!(
+            l.failed == 0,
+            "{name} soak: {} failed, first: {:?}",
+            l.failed,
+            l.first_failure
+        );
+        sent += n;
+        let rss = host.rss_kib();
+        along.push((sent, rss));
+        rates.push(l.sample.per_s.round());
+        eprintln!(
+            "  {name}: {sent} accepted, {:.0}/s, anonymous RSS {rss:?} KiB",
+            l.sample.per_s
+        );
+    }
+    Ok((along, rates))
 }
 
 /// What a run was asked for on the command line.
