@@ -3,8 +3,9 @@
 //! `cargo run --release -p relay-bench --example profile -- calls` prints every storage
 //! call of one message.send (local delivery) and one message.deliver on the native engine.
 //! `cargo run --release -p relay-bench --example profile -- component N` runs N sends and N
-//! delivers through the component (`WASM=path` to pick one) and prints µs and fuel per
-//! operation; under `RELAY_PERFMAP=1 perf record` the wasm functions have names.
+//! delivers through the component (`WASM=path` to pick one) on the relay's engine and prints
+//! µs per operation (`component N metered`: on a fuel-metered engine, with fuel per
+//! operation); under `RELAY_PERFMAP=1 perf record` the wasm functions have names.
 //! `... -- native N` does the same on the native engine over memory (no fuel).
 
 // The bench's own fixture, configuration and targets, shared with `./x bench`.
@@ -115,10 +116,15 @@ fn calls() {
     }
 }
 
-fn component(n: usize) {
+fn component(n: usize, metered: bool) {
     let fx = fixture::build(fixture::INPROC_RELAY, n, n, 1);
     let path = std::env::var("WASM").unwrap_or_else(|_| "target/component/relay_core.wasm".into());
-    let engine = guest::wasm_engine().expect("engine");
+    let engine = if metered {
+        guest::metered_engine()
+    } else {
+        guest::wasm_engine()
+    }
+    .expect("engine");
     let cfg = String::from_utf8(inproc::config().to_json()).expect("config");
     let store = AnyStore::Memory(MemoryStore::new());
     let mut core = Core::load(&engine, std::path::Path::new(&path), store, cfg, [7u8; 32])
@@ -159,8 +165,13 @@ fn component(n: usize) {
     }
     let (deliver, f2) = (t.elapsed(), core.fuel_spent);
     let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64;
+    let engine = if metered {
+        "metered"
+    } else {
+        "the relay's engine"
+    };
     println!(
-        "message.send {:.1} µs, {} fuel; message.deliver {:.1} µs, {} fuel (per operation, {path})",
+        "message.send {:.1} µs, {} fuel; message.deliver {:.1} µs, {} fuel (per operation, {path}, {engine})",
         per(send),
         (f1 - f0) / n as u64,
         per(deliver),
@@ -211,7 +222,12 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("calls") => calls(),
         Some("native") => native(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(2000)),
-        Some("component") => component(args.get(1).and_then(|n| n.parse().ok()).unwrap_or(2000)),
-        _ => eprintln!("usage: profile calls | profile native [N] | profile component [N]"),
+        Some("component") => component(
+            args.get(1).and_then(|n| n.parse().ok()).unwrap_or(2000),
+            args.get(2).is_some_and(|m| m == "metered"),
+        ),
+        _ => {
+            eprintln!("usage: profile calls | profile native [N] | profile component [N [metered]]")
+        }
     }
 }

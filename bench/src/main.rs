@@ -98,9 +98,20 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
         let mut wasm_sql =
             inproc::Wasm::load(&component, AnyStore::Sqlite(inproc::sqlite(&db("wasm"))?))?;
         eprintln!("native engine and wasmtime component, memory");
-        let mem = inproc::run_side_by_side(&mut [&mut nat_mem, &mut wasm_mem], &fx, sz.syncs)?;
+        let mut mem = inproc::run_side_by_side(&mut [&mut nat_mem, &mut wasm_mem], &fx, sz.syncs)?;
         eprintln!("native engine and wasmtime component, sqlite");
-        let sql = inproc::run_side_by_side(&mut [&mut nat_sql, &mut wasm_sql], &fx, sz.syncs)?;
+        let mut sql = inproc::run_side_by_side(&mut [&mut nat_sql, &mut wasm_sql], &fx, sz.syncs)?;
+        // The fuel column: the same operations on a metered instance, untimed (metering
+        // costs time; the relay runs without it). Fuel is the guest's work, whatever the storage.
+        eprintln!("wasmtime component, metered for fuel");
+        let mut metered =
+            inproc::Wasm::load_metered(&component, AnyStore::Memory(inproc::memory()))?;
+        let fuel = inproc::run(&mut metered, &fx, sz.syncs)?;
+        for rows in [&mut mem[1], &mut sql[1]] {
+            for (row, m) in rows.iter_mut().zip(&fuel) {
+                row.fuel_per_op = m.fuel_per_op;
+            }
+        }
         (mem, sql)
     };
     let setups = ["native engine", "wasmtime component"];

@@ -14,7 +14,7 @@ wasmtime::component::bindgen!({ world: "relay", path: "../wit" });
 use relay::core::host;
 pub use relay::core::types::{PeerMethod, PeerRequest};
 
-/// Fuel for one call: far above any legitimate operation, so only a runaway guest meets it.
+/// Fuel for one call of a metered engine: far above any legitimate operation.
 const FUEL_PER_CALL: u64 = 20_000_000_000;
 /// Linear memory the guest may grow to.
 const MEMORY_LIMIT: usize = 512 << 20;
@@ -137,17 +137,31 @@ pub struct Core {
     instance: Relay,
     /// Traps survived (each replaced the instance).
     pub traps: u64,
-    /// Fuel spent by all calls so far: wasm work, counted deterministically (benchmarks report it).
+    /// Fuel spent by all calls so far, on a [`metered_engine`]: wasm work, counted
+    /// deterministically (benchmarks report it); 0 on the relay's engine.
     pub fuel_spent: u64,
     /// Signatures verified ahead of the core thread, if the host offers them.
     pre: Option<Arc<Preverify>>,
 }
 
-/// The wasmtime engine configuration: fuel and epochs bound every call.
+/// The wasmtime engine the relay runs: epochs bound every call (`EPOCHS_PER_CALL`).
+///
+/// Fuel metering is off: it bounds a call no better than epochs do and cost 12% of a
+/// send's time in the component (docs/performance.md).
 pub fn wasm_engine() -> wasmtime::Result<Engine> {
+    engine(false)
+}
+
+/// The same engine with fuel metering as well: [`Core::fuel_spent`] then counts the
+/// guest's work deterministically (the benchmark's fuel column), at some cost in time.
+pub fn metered_engine() -> wasmtime::Result<Engine> {
+    engine(true)
+}
+
+fn engine(fuel: bool) -> wasmtime::Result<Engine> {
     let mut cfg = Config::new();
     cfg.wasm_component_model(true)
-        .consume_fuel(true)
+        .consume_fuel(fuel)
         .epoch_interruption(true);
     // `RELAY_PERFMAP=1` names compiled wasm functions for `perf` (/tmp/perf-PID.map).
     if std::env::var_os("RELAY_PERFMAP").is_some_and(|v| v == "1") {
@@ -183,7 +197,10 @@ fn instantiate(
         },
     );
     s.limiter(|h| &mut h.limits);
-    s.set_fuel(FUEL_PER_CALL)?;
+    // Metered engines only: elsewhere there is no fuel to set (`get_fuel` says so).
+    if s.get_fuel().is_ok() {
+        s.set_fuel(FUEL_PER_CALL)?;
+    }
     s.set_epoch_deadline(u64::MAX / 2);
     let instance = Relay::instantiate(&mut s, component, linker)?;
     instance
