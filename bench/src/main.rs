@@ -107,6 +107,7 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
         let mut metered =
             inproc::Wasm::load_metered(&component, AnyStore::Memory(inproc::memory()))?;
         let fuel = inproc::run(&mut metered, &fx, sz.syncs)?;
+        // Index 1 of each side-by-side run is the component (the native engine is 0).
         for rows in [&mut mem[1], &mut sql[1]] {
             for (row, m) in rows.iter_mut().zip(&fuel) {
                 row.fuel_per_op = m.fuel_per_op;

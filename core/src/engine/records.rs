@@ -6,6 +6,7 @@
 //! over it, instead of escaping every quote of it into a string and
 //! unescaping it again (that was about a sixth of the wasm time of a send).
 
+use crate::wire::json::Value;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
@@ -43,11 +44,11 @@ impl Canon {
     }
 
     /// The text as a value an answer writes verbatim (`null` when none is held).
-    pub fn into_value(self) -> crate::wire::json::Value {
+    pub fn into_value(self) -> Value {
         if self.0.is_empty() {
-            return crate::wire::json::Value::Null;
+            return Value::Null;
         }
-        crate::wire::json::Value::Canonical(self.0)
+        Value::Canonical(self.0)
     }
 }
 
