@@ -22,7 +22,7 @@ mod report;
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{Caller, Engine, MemoryStore, Storage, StorageError};
 use relay_core::wire::identity::RelayId;
-use relay_host_wasmtime::guest::{self, Core};
+use relay_host_wasmtime::guest;
 use relay_host_wasmtime::now_ms;
 use relay_host_wasmtime::store::AnyStore;
 use std::cell::{Cell, RefCell};
@@ -119,16 +119,15 @@ fn calls() {
 fn component(n: usize, metered: bool) {
     let fx = fixture::build(fixture::INPROC_RELAY, n, n, 1);
     let path = std::env::var("WASM").unwrap_or_else(|_| "target/component/relay_core.wasm".into());
-    let engine = if metered {
-        guest::metered_engine()
-    } else {
-        guest::wasm_engine()
-    }
-    .expect("engine");
-    let cfg = String::from_utf8(inproc::config().to_json()).expect("config");
     let store = AnyStore::Memory(MemoryStore::new());
-    let mut core = Core::load(&engine, std::path::Path::new(&path), store, cfg, [7u8; 32])
-        .unwrap_or_else(|e| panic!("{path}: {e:#}"));
+    let file = std::path::Path::new(&path);
+    let mut wasm = if metered {
+        inproc::Wasm::load_metered(file, store)
+    } else {
+        inproc::Wasm::load(file, store)
+    }
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let core = wasm.core();
     let now = now_ms();
     let mut tokens = Vec::new();
     for a in &fx.accounts {

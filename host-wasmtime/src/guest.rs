@@ -137,6 +137,8 @@ pub struct Core {
     instance: Relay,
     /// Traps survived (each replaced the instance).
     pub traps: u64,
+    /// Whether the engine meters fuel ([`metered_engine`]); only then is fuel set and read.
+    metered: bool,
     /// Fuel spent by all calls so far, on a [`metered_engine`]: wasm work, counted
     /// deterministically (benchmarks report it); 0 on the relay's engine.
     pub fuel_spent: u64,
@@ -233,6 +235,7 @@ impl Core {
         let store = Grouped::new(store);
         let (store, instance) =
             instantiate(engine, &component, &linker, store, &config_json, &seed)?;
+        let metered = store.get_fuel().is_ok();
         Ok(Core {
             engine: engine.clone(),
             component,
@@ -242,6 +245,7 @@ impl Core {
             store,
             instance,
             traps: 0,
+            metered,
             fuel_spent: 0,
             pre: None,
         })
@@ -252,11 +256,16 @@ impl Core {
         &mut self,
         f: impl FnOnce(&Relay, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Option<R> {
-        let _ = self.store.set_fuel(FUEL_PER_CALL);
+        // Without metering, asking for fuel is an error built per call: not on this path.
+        if self.metered {
+            let _ = self.store.set_fuel(FUEL_PER_CALL);
+        }
         self.store.set_epoch_deadline(crate::EPOCHS_PER_CALL);
         let r = f(&self.instance, &mut self.store);
-        let left = self.store.get_fuel().unwrap_or(FUEL_PER_CALL);
-        self.fuel_spent += FUEL_PER_CALL.saturating_sub(left);
+        if self.metered {
+            let left = self.store.get_fuel().unwrap_or(FUEL_PER_CALL);
+            self.fuel_spent += FUEL_PER_CALL.saturating_sub(left);
+        }
         match r {
             Ok(r) => Some(r),
             Err(e) => {

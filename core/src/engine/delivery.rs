@@ -97,10 +97,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// Moves the task's due entry from its old time to `t.next_at` (or removes it when done).
-    fn reindex(&mut self, id: &str, old_next: Option<u64>, t: &TaskRec) {
-        if let Some(old) = old_next {
-            self.txn.delete(k::due(old, id));
-        }
+    fn reindex(&mut self, id: &str, old_next: u64, t: &TaskRec) {
+        self.txn.delete(k::due(old_next, id));
         if t.state != TaskState::Done {
             self.txn.put_raw(k::due(t.next_at, id), Vec::new());
         }
@@ -135,7 +133,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// Makes the next attempt of a task that is due, or ends it at its deadline.
     fn launch(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
-        let old_next = Some(t.next_at);
+        let old_next = t.next_at;
         if self.now >= t.deadline {
             return self.deadline_exceeded(id, t);
         }
@@ -237,7 +235,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 self.txn.put(send_key, &r);
             }
         }
-        let old_next = Some(t.next_at);
+        let old_next = t.next_at;
         t.state = TaskState::Done;
         self.reindex(id, old_next, &t);
         if status == Status::TargetAccepted {
@@ -298,7 +296,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// Schedules a retry after a failure, no earlier than `not_before`, never past the deadline.
     fn retry_later(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
-        let old_next = Some(t.next_at);
+        let old_next = t.next_at;
         t.failures += 1;
         let at = self
             .now
@@ -542,7 +540,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             if let Some(mut t) = self.txn.get::<TaskRec>(&k::task(&id))? {
                 let at = self.now.max(t.not_before).min(t.deadline);
                 if t.state == TaskState::Waiting && t.next_at > at {
-                    let old = Some(t.next_at);
+                    let old = t.next_at;
                     t.next_at = at;
                     t.failures = 0;
                     self.reindex(&id, old, &t);
