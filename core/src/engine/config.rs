@@ -22,6 +22,23 @@ pub struct Policies {
     /// Per recipient account per minute.
     pub deliver_rate_per_account: u64,
     pub session_ttl: u64,
+    /// Per caller network address per minute, for every call without credentials
+    /// (`account.register`, `session.open`, `route.get`, `route.publish`); in memory.
+    pub anonymous_rate: u64,
+    /// Per account per minute, for every other method a session calls (`message.send`
+    /// has `send_rate`) and for `session.open` naming the account; in memory.
+    pub account_request_rate: u64,
+    /// Per (recipient, sender) per minute: what one sender may take of a recipient's
+    /// `deliver_rate_per_account`, so no sender starves the others.
+    pub deliver_rate_per_sender: u64,
+    /// Accounts this relay serves, at most.
+    pub max_accounts: u64,
+    /// Device records (registered and revoked) per account, at most.
+    pub max_device_records: u64,
+    /// Bytes of entries in one sync page, at most (a page always carries at least one entry).
+    pub max_sync_bytes: u64,
+    /// How long a route of an account served elsewhere is kept after it was last stored or used.
+    pub route_retention: u64,
 }
 
 impl Default for Policies {
@@ -39,6 +56,13 @@ impl Default for Policies {
             deliver_rate: 60_000,
             deliver_rate_per_account: 600,
             session_ttl: 86_400_000,
+            anonymous_rate: 120,
+            account_request_rate: 1_200,
+            deliver_rate_per_sender: 60,
+            max_accounts: 1_000_000,
+            max_device_records: 256,
+            max_sync_bytes: 1_048_576,
+            route_retention: 2_592_000_000,
         }
     }
 }
@@ -59,6 +83,13 @@ impl Policies {
             "deliver_rate" => &mut self.deliver_rate,
             "deliver_rate_per_account" => &mut self.deliver_rate_per_account,
             "session_ttl" => &mut self.session_ttl,
+            "anonymous_rate" => &mut self.anonymous_rate,
+            "account_request_rate" => &mut self.account_request_rate,
+            "deliver_rate_per_sender" => &mut self.deliver_rate_per_sender,
+            "max_accounts" => &mut self.max_accounts,
+            "max_device_records" => &mut self.max_device_records,
+            "max_sync_bytes" => &mut self.max_sync_bytes,
+            "route_retention" => &mut self.route_retention,
             _ => return Err(format!("unknown policy {name:?}")),
         };
         *slot = value;

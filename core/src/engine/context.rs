@@ -1,6 +1,7 @@
 //! One operation in progress: its transaction, its time, its effects; and the helpers every method shares.
 
 use super::keyspace as k;
+use super::limits::Limiter;
 use super::records::{AccountRec, DeviceRec, RouteRec};
 use super::storage::{Storage, StorageError};
 use super::txn::Txn;
@@ -13,6 +14,10 @@ pub(crate) struct Ctx<'a, S: Storage, E: Entropy> {
     pub cfg: &'a Config,
     pub txn: Txn<'a, S>,
     pub entropy: &'a mut E,
+    /// In-memory request limits (by address, by account).
+    pub limiter: &'a mut Limiter,
+    /// The caller's network address as the limits key it ([`super::limits::origin_key`]).
+    pub origin: Option<String>,
     pub now: u64,
     pub effects: Vec<Effect>,
     /// Whether the due or gc index changed (then a new wake-up time is reported).
@@ -20,11 +25,19 @@ pub(crate) struct Ctx<'a, S: Storage, E: Entropy> {
 }
 
 impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
-    pub(crate) fn new(cfg: &'a Config, store: &'a mut S, entropy: &'a mut E, now: u64) -> Self {
+    pub(crate) fn new(
+        cfg: &'a Config,
+        store: &'a mut S,
+        entropy: &'a mut E,
+        limiter: &'a mut Limiter,
+        now: u64,
+    ) -> Self {
         Ctx {
             cfg,
             txn: Txn::new(store),
             entropy,
+            limiter,
+            origin: None,
             now,
             effects: Vec::new(),
             rescheduled: false,
@@ -66,6 +79,10 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
         params: &[u8],
     ) -> Result<Value, Error> {
         let p = json::parse_object(params)?;
+        if let (Caller::Anonymous, Some(origin)) = (caller, self.origin.as_deref()) {
+            let rate = self.cfg.policies.anonymous_rate;
+            self.limiter.take("address", origin, rate, self.now)?;
+        }
         match method {
             "session.open" => self.session_open(p),
             "account.register" => self.account_register(p),

@@ -14,6 +14,7 @@ mod context;
 mod delivery;
 pub mod effect;
 mod keyspace;
+pub mod limits;
 mod rate;
 mod receive;
 mod records;
@@ -113,6 +114,7 @@ pub struct Engine<S: Storage, E: Entropy> {
     config: Config,
     store: S,
     entropy: E,
+    limiter: limits::Limiter,
 }
 
 impl<S: Storage, E: Entropy> Engine<S, E> {
@@ -122,6 +124,7 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             config,
             store,
             entropy,
+            limiter: limits::Limiter::default(),
         }
     }
 
@@ -140,8 +143,22 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         self.store
     }
 
-    /// Calls `method` with raw `params` bytes at time `now`.
+    /// Calls `method` with raw `params` bytes at time `now`, from a caller inside the host
+    /// (no network address: only the per-account limits apply).
     pub fn call(&mut self, caller: &Caller, method: &str, params: &[u8], now: u64) -> Response {
+        self.call_from(caller, None, method, params, now)
+    }
+
+    /// Calls `method` for a caller that reached the host from network address `origin`
+    /// (an IP address, no port): anonymous calls are limited per address as well.
+    pub fn call_from(
+        &mut self,
+        caller: &Caller,
+        origin: Option<&str>,
+        method: &str,
+        params: &[u8],
+        now: u64,
+    ) -> Response {
         if params.len() as u64 > self.config.policies.max_request_bytes {
             return Response {
                 result: Err(Error::new(
@@ -155,7 +172,11 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
                 effects: Vec::new(),
             };
         }
-        self.run(now, |cx| cx.dispatch(caller, method, params))
+        let origin = origin.map(limits::origin_key);
+        self.run(now, |cx| {
+            cx.origin = origin;
+            cx.dispatch(caller, method, params)
+        })
     }
 
     /// Reports what became of an `Effect::Send`.
@@ -238,7 +259,13 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         now: u64,
         op: impl FnOnce(&mut Ctx<'_, S, E>) -> Result<Value, Error>,
     ) -> Response {
-        let mut cx = Ctx::new(&self.config, &mut self.store, &mut self.entropy, now);
+        let mut cx = Ctx::new(
+            &self.config,
+            &mut self.store,
+            &mut self.entropy,
+            &mut self.limiter,
+            now,
+        );
         let result = op(&mut cx);
         let (result, effects) = cx.finish(result);
         Response { result, effects }
