@@ -57,7 +57,7 @@ fn a_dead_destination_never_delays_deliveries_to_others() {
     let listed = w.deliveries(a, Some("pending"));
     let in_flight = listed
         .iter()
-        .filter(|d| field(d, "phase").and_then(Value::as_str) == Some("inflight"))
+        .filter(|d| field(d, "phase").and_then(Value::as_str) == Some("in_flight"))
         .count();
     let parked = listed
         .iter()

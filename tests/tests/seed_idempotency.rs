@@ -363,9 +363,11 @@ fn after_retention_a_logical_key_is_accepted_anew_only_once_its_earlier_delivery
         "a second delivery under the lingering one's id would be erased by its expiry"
     );
 
-    // Once expiry has cleared it, the same logical key is accepted anew and delivered.
+    // Once expiry has cleared it, the same logical key is accepted anew and delivered
+    // (bob's route, unused for the retention, was forgotten too: it is published again).
     w.tick(a);
     assert!(!lingering(&w));
+    w.publish_route(a, &bob);
     assert_eq!(
         status_of(&w.send(&alice, 0, &m2).result.unwrap()),
         "delivering"

@@ -62,9 +62,68 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 revision: route.revision,
                 relay: route.relay.as_str().to_string(),
                 route: Canon::new(text),
+                touched_at: self.now,
             },
         );
+        // Anyone may publish routes: one nobody uses is forgotten (see `expire_route`).
+        let at = self.now.saturating_add(self.cfg.policies.message_retention);
+        self.expire_at(at, &k::route(account));
         Ok(RouteUpdate::Replaced)
+    }
+
+    /// Notes that a held route was used, so it is kept; written at most every half retention.
+    pub(crate) fn touch_route(&mut self, account: &str, mut rec: RouteRec) {
+        let half = self.cfg.policies.message_retention / 2;
+        if rec.touched_at.saturating_add(half) < self.now {
+            rec.touched_at = self.now;
+            self.txn.put(k::route(account), &rec);
+            let at = self.now.saturating_add(self.cfg.policies.message_retention);
+            self.expire_at(at, &k::route(account));
+        }
+    }
+
+    /// The expiry of a route (its gc entry came due): an account served here keeps its
+    /// route; another's is deleted once unused for `message_retention` (an old home keeps
+    /// answering `not_home_relay` with it at least that long), else checked again later.
+    pub(crate) fn expire_route(&mut self, key: &[u8]) -> Result<(), Error> {
+        let account = String::from_utf8_lossy(&key[k::route("").len()..]).into_owned();
+        if self.txn.get_raw(&k::account(&account))?.is_some() {
+            return Ok(());
+        }
+        let Some(rec) = self.txn.get::<RouteRec>(key)? else {
+            return Ok(());
+        };
+        let keep_until = rec
+            .touched_at
+            .saturating_add(self.cfg.policies.message_retention);
+        if keep_until > self.now {
+            self.expire_at(keep_until, key);
+        } else {
+            self.txn.delete(key.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Refuses a new device record beyond `max_device_records` (registered and revoked
+    /// alike), which also bounds every scan of an account's devices.
+    fn check_room_for_device_record(&mut self, account: &str) -> Result<(), Error> {
+        let max = self.cfg.policies.max_device_records;
+        let prefix = k::devices(account);
+        let held = self
+            .txn
+            .scan(
+                &prefix,
+                &k::prefix_end(&prefix),
+                max.saturating_add(1) as usize,
+            )?
+            .len() as u64;
+        if held >= max {
+            return Err(Error::new(
+                ErrorCode::PayloadTooLarge,
+                format!("the account already has max_device_records ({max}) device records"),
+            ));
+        }
+        Ok(())
     }
 
     fn active_device_count(&mut self, account: &str) -> Result<u64, Error> {
@@ -106,6 +165,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
             Some(_) => {}
             None => {
+                self.check_room_for_device_record(account)?;
                 if self.active_device_count(account)? >= self.cfg.policies.max_devices {
                     return Err(Error::new(
                         ErrorCode::PayloadTooLarge,
@@ -141,9 +201,15 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// `account.register`: `{route, certificate, discoverable?}`.
-    pub(crate) fn account_register(&mut self, p: Object) -> Result<Value, Error> {
+    ///
+    /// Its inputs are public (a route from `route.get`, a `manage` certificate from
+    /// `device.list`), so for an account already registered it changes nothing a stranger
+    /// could not already change: a route of higher revision is stored (as `route.publish`
+    /// would), the account-signed certificate as `device.register` would, and
+    /// `discoverable` only for a caller holding a `manage` session of the account.
+    pub(crate) fn account_register(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
         let f = Fields::new(&p);
-        let discoverable = f.opt_bool("discoverable")?.unwrap_or(false);
+        let discoverable = f.opt_bool("discoverable")?;
         let route = self.verified_route(obj_member(&p, "route")?, "route")?;
         let cert_raw = obj_member(&p, "certificate")?;
         if route.relay != self.cfg.relay {
@@ -170,18 +236,45 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             ));
         }
         let existing: Option<AccountRec> = self.txn.get(&k::account(&account))?;
-        let rec = match existing {
+        match existing {
             Some(mut a) => {
-                a.discoverable = discoverable;
-                a
+                if let Some(d) = discoverable.filter(|d| *d != a.discoverable) {
+                    let holder = match caller {
+                        Caller::Session(_) => Some(self.session(caller, Need::Manage)?.account),
+                        _ => None,
+                    };
+                    if holder.as_deref() != Some(account.as_str()) {
+                        return Err(Error::new(
+                            ErrorCode::PermissionDenied,
+                            "changing discoverable of a registered account needs a manage session of it (account.update)",
+                        ));
+                    }
+                    a.discoverable = d;
+                    self.txn.put(k::account(&account), &a);
+                }
             }
-            None => AccountRec {
-                registered_at: self.now,
-                discoverable,
-                latest_seq: 0,
-            },
-        };
-        self.txn.put(k::account(&account), &rec);
+            None => {
+                let count: u64 = self.txn.get(&k::account_count())?.unwrap_or(0);
+                if count >= self.cfg.policies.max_accounts {
+                    return Err(Error::new(
+                        ErrorCode::Unavailable,
+                        format!(
+                            "this relay serves its maximum of {} accounts (max_accounts)",
+                            self.cfg.policies.max_accounts
+                        ),
+                    ));
+                }
+                self.txn.put(k::account_count(), &(count + 1));
+                self.txn.put(
+                    k::account(&account),
+                    &AccountRec {
+                        registered_at: self.now,
+                        discoverable: discoverable.unwrap_or(false),
+                        latest_seq: 0,
+                    },
+                );
+            }
+        }
         self.put_certificate(&cert)?;
         let mut out = Object::new();
         out.insert("account", account);
@@ -243,13 +336,16 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         r.verify_signature(r.account.key())?;
         let device = r.device_id.as_str().to_string();
         let key = k::device(&s.account, &device);
-        let mut rec: DeviceRec = self
-            .txn
-            .get(&key)?
-            .unwrap_or_else(DeviceRec::revoked_unregistered);
+        let mut rec: DeviceRec = match self.txn.get(&key)? {
+            Some(rec) => rec,
+            None => {
+                self.check_room_for_device_record(&s.account)?;
+                DeviceRec::revoked_unregistered()
+            }
+        };
         rec.revoked = true;
         self.txn.put(key, &rec);
-        self.end_device_sessions(&s.account, &device)?;
+        self.end_device_sessions(&s.account, &device);
         let mut out = Object::new();
         out.insert("device_id", device);
         Ok(Value::Object(out))

@@ -1,4 +1,5 @@
-//! The operator's view: deliveries pending or failed, per destination, with last error and next attempt.
+//! The operator's view: deliveries pending or failed, per destination, with last error and next attempt;
+//! and the index entries ticks set aside.
 
 use super::context::Ctx;
 use super::keyspace as k;
@@ -57,7 +58,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             o.insert("message_id", t.message_id.as_str());
             o.insert("to", t.to.as_str());
             o.insert("state", state);
-            o.insert("phase", format!("{:?}", t.state).to_lowercase());
+            o.insert("phase", t.state.as_str());
             o.insert("attempts", t.attempt as u64);
             o.insert("deadline", t.deadline);
             if t.state != TaskState::Done {
@@ -69,8 +70,18 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             o.insert("destination_in_flight", peer.in_flight as u64);
             list.push(Value::Object(o));
         }
+        // Entries ticks had to set aside (Engine::try_tick), with their errors.
+        let mut quarantined = Vec::new();
+        let prefix = k::quarantine_prefix();
+        for (_, v) in self
+            .txn
+            .scan(&prefix, &k::prefix_end(&prefix), MAX_LISTED)?
+        {
+            quarantined.push(crate::wire::json::parse(&v)?);
+        }
         let mut out = Object::new();
         out.insert("deliveries", Value::Array(list));
+        out.insert("quarantined", Value::Array(quarantined));
         Ok(Value::Object(out))
     }
 }

@@ -37,8 +37,6 @@ pub struct Policies {
     pub max_device_records: u64,
     /// Bytes of entries in one sync page, at most (a page always carries at least one entry).
     pub max_sync_bytes: u64,
-    /// How long a route of an account served elsewhere is kept after it was last stored or used.
-    pub route_retention: u64,
 }
 
 impl Default for Policies {
@@ -62,7 +60,6 @@ impl Default for Policies {
             max_accounts: 1_000_000,
             max_device_records: 256,
             max_sync_bytes: 1_048_576,
-            route_retention: 2_592_000_000,
         }
     }
 }
@@ -89,7 +86,6 @@ impl Policies {
             "max_accounts" => &mut self.max_accounts,
             "max_device_records" => &mut self.max_device_records,
             "max_sync_bytes" => &mut self.max_sync_bytes,
-            "route_retention" => &mut self.route_retention,
             _ => return Err(format!("unknown policy {name:?}")),
         };
         *slot = value;
@@ -114,6 +110,9 @@ pub struct Config {
     pub max_in_flight_per_destination: u32,
     /// At most this many due deliveries started per tick (a further tick is requested at once).
     pub tick_batch: usize,
+    /// A destination back after an outage gets this many of its outage tasks brought
+    /// forward at once, and as many again every `retry_initial`.
+    pub revive_batch: usize,
 }
 
 impl Config {
@@ -126,6 +125,7 @@ impl Config {
             attempt_timeout: 30_000,
             max_in_flight_per_destination: 16,
             tick_batch: 512,
+            revive_batch: 64,
         }
     }
 }

@@ -22,6 +22,8 @@ pub(crate) struct Ctx<'a, S: Storage, E: Entropy> {
     pub effects: Vec<Effect>,
     /// Whether the due or gc index changed (then a new wake-up time is reported).
     pub rescheduled: bool,
+    /// The index entry a tick is working on, to set aside if it cannot be processed.
+    pub tick_entry: Option<Vec<u8>>,
 }
 
 impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
@@ -41,6 +43,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             now,
             effects: Vec::new(),
             rescheduled: false,
+            tick_entry: None,
         }
     }
 
@@ -85,7 +88,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
         }
         match method {
             "session.open" => self.session_open(p),
-            "account.register" => self.account_register(p),
+            "account.register" => self.account_register(caller, p),
             "account.update" => self.account_update(caller, p),
             "device.register" => self.device_register(caller, p),
             "device.revoke" => self.device_revoke(caller, p),
@@ -182,7 +185,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
 /// The earliest due attempt or expiry in `store`.
 pub(crate) fn next_wake<S: Storage>(store: &mut S) -> Result<Option<u64>, StorageError> {
     let mut best: Option<u64> = None;
-    for prefix in [k::due_prefix(), k::gc_prefix()] {
+    for prefix in [k::due_prefix(), k::gc_prefix(), k::revive_prefix()] {
         if let Some((key, _)) = store
             .scan(&prefix, &k::prefix_end(&prefix), 1)?
             .into_iter()

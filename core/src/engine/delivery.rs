@@ -3,12 +3,14 @@
 //! Every task has its own timer in the due index, so one slow or dead
 //! destination never delays another (no head-of-line blocking); each
 //! destination has at most `max_in_flight_per_destination` attempts out, and
-//! the rest park in arrival order until a slot frees. A destination that
-//! shows it is back (it calls us, or answers a delivery) gets its waiting
-//! tasks made due at once, still honouring any retry_after. Backoff is
-//! exponential with full jitter above a floor of `retry_initial`, capped at
-//! `retry_max`, so a day-long backlog retries every few minutes and drains
-//! at the destination's pace when it returns.
+//! the rest park in arrival order until a slot frees. Each task keeps its own
+//! backoff, exponential with full jitter above a floor of `retry_initial`,
+//! capped at `retry_max`: another message's success never resets it, so a
+//! message a destination keeps refusing stays spaced out. A destination that
+//! shows it is back (it calls us, or answers a delivery) gets only the tasks
+//! whose last failure was an outage (not attempted, unknown) brought
+//! forward, `revive_batch` of them at once and as many every `retry_initial`,
+//! still honouring any retry_after: every step's work is bounded.
 
 use super::context::Ctx;
 use super::keyspace as k;
@@ -30,11 +32,14 @@ pub(crate) enum Reaction {
     Retry,
     RateLimited,
     RouteError,
+    Unknown,
 }
 
-/// The reaction to an error code; unknown codes are retried like `unavailable`.
+/// The reaction to an error code; a code this relay does not know says nothing certain
+/// about the attempt, so it is an unknown outcome (no target switch may follow it).
 pub(crate) fn reaction(code: &str) -> Reaction {
     match ErrorCode::parse(code) {
+        None => Reaction::Unknown,
         Some(
             ErrorCode::InvalidParams
             | ErrorCode::PayloadTooLarge
@@ -134,6 +139,11 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// Makes the next attempt of a task that is due, or ends it at its deadline.
     fn launch(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
         let old_next = t.next_at;
+        if t.outage {
+            // It leaves the waiting state: no longer one to bring forward.
+            self.txn.delete(k::outage(&t.target, id));
+            t.outage = false;
+        }
         if self.now >= t.deadline {
             return self.deadline_exceeded(id, t);
         }
@@ -157,6 +167,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         peer.in_flight += 1;
         self.save_peer(&target, &peer);
         t.attempt += 1;
+        t.sent_at = self.now;
         t.state = TaskState::InFlight;
         t.next_at = self
             .now
@@ -201,11 +212,14 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         };
         // The body is the canonical form of the params: its hash is their params hash.
         let hash = super::receive::canonical_hash(t.body.as_bytes());
-        let result = match self.take_token(
-            "deliver_to",
-            &t.to,
-            self.cfg.policies.deliver_rate_per_account,
-        ) {
+        let limits = self.take_sender_allowance(&inc).and_then(|()| {
+            self.take_token(
+                "deliver_to",
+                &t.to,
+                self.cfg.policies.deliver_rate_per_account,
+            )
+        });
+        let result = match limits {
             Ok(()) => self.receive(&inc, &hash).map(|r| r.accepted_at),
             Err(e) => Err(e),
         };
@@ -251,12 +265,16 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     fn deadline_exceeded(&mut self, id: &str, t: TaskRec) -> Result<(), Error> {
-        let last = t
-            .last_error
-            .clone()
-            .unwrap_or_else(|| "result_unknown".to_string());
         let mut data = Object::new();
-        data.insert("last_error", last.as_str());
+        // A task that never made an attempt saw no error and has no unknown outcome.
+        let last = match &t.last_error {
+            Some(code) => Some(code.clone()),
+            None if t.attempt > 0 => Some("result_unknown".to_string()),
+            None => None,
+        };
+        if let Some(last) = last {
+            data.insert("last_error", last);
+        }
         let e = ErrorRec {
             code: "deadline_exceeded".to_string(),
             message: "delivery did not finish before its deadline".to_string(),
@@ -296,15 +314,24 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// Schedules a retry after a failure, no earlier than `not_before`, never past the deadline.
     fn retry_later(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
-        let old_next = t.next_at;
         t.failures += 1;
+        let wait = self.backoff(t.failures)?;
+        self.retry_after(id, t, wait)
+    }
+
+    /// Schedules a retry `wait` from now, no earlier than `not_before`, never past the deadline.
+    fn retry_after(&mut self, id: &str, mut t: TaskRec, wait: u64) -> Result<(), Error> {
+        let old_next = t.next_at;
         let at = self
             .now
-            .saturating_add(self.backoff(t.failures)?)
+            .saturating_add(wait)
             .max(t.not_before)
             .min(t.deadline);
         t.state = TaskState::Waiting;
         t.next_at = at;
+        if t.outage {
+            self.txn.put_raw(k::outage(&t.target, id), Vec::new());
+        }
         self.reindex(id, old_next, &t);
         self.save_task(id, &t);
         Ok(())
@@ -360,6 +387,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         data: Option<Value>,
     ) -> Result<(), Error> {
         t.last_error = Some(e.code.clone());
+        // The destination answered: whatever it said, it was not an outage.
+        t.outage = false;
         match reaction(&e.code) {
             Reaction::Fail => self.end_task(id, t, Status::Failed, None, Some(e)),
             Reaction::RouteError => {
@@ -385,6 +414,15 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 self.retry_later(id, t)
             }
             Reaction::Retry => self.retry_later(id, t),
+            Reaction::Unknown => {
+                // Unknown as an outcome, but the code is what was seen last.
+                let code = e.code;
+                if !t.want_route_get {
+                    t.uncertain = true;
+                }
+                t.last_error = Some(code);
+                self.retry_later(id, t)
+            }
         }
     }
 
@@ -465,7 +503,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     if let Some(w) = retry_after(data.as_ref()) {
                         t.not_before = self.now.saturating_add(w);
                     }
-                    if matches!(reaction(&e.code), Reaction::Retry | Reaction::RateLimited) {
+                    if matches!(
+                        reaction(&e.code),
+                        Reaction::Retry | Reaction::RateLimited | Reaction::Unknown
+                    ) {
                         return self.retry_later(id, t);
                     }
                     let err = t.route_error.take().unwrap_or(e);
@@ -473,9 +514,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     self.end_task(id, t, Status::Failed, None, Some(err))
                 }
                 Some((e, data)) => {
-                    if self.note_peer_failure(&target, &e.code)? {
-                        t.failures = 0;
-                    }
+                    self.note_peer_failure(&target, &e.code)?;
                     self.on_error(id, t, e, data)
                 }
                 None => self.unknown(id, t),
@@ -483,70 +522,97 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             Outcome::Unknown => self.unknown(id, t),
             Outcome::NotAttempted => {
                 t.last_error = Some(ErrorCode::Unavailable.as_str().to_string());
-                if self.note_peer_failure(&target, ErrorCode::Unavailable.as_str())? {
-                    t.failures = 0;
-                }
                 if !t.uncertain && !t.want_route_get {
                     // Receipt known not attempted: a higher route may be used.
                     if let Some((relay, rev)) = self.higher_route(&t, None)? {
                         return self.switch_target(id, t, &relay, rev);
                     }
                 }
-                self.retry_later(id, t)
+                self.outage_retry(id, t, ErrorCode::Unavailable.as_str())
             }
         }
     }
 
     /// An attempt whose outcome was never learned: retry the same target, unchanged.
     fn unknown(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
-        let target = t.target.clone();
-        if self.note_peer_failure(&target, "result_unknown")? {
-            // The destination was healthy until now: a first failure backs off from the start.
-            t.failures = 0;
-        }
         t.last_error = Some("result_unknown".to_string());
         if !t.want_route_get {
             t.uncertain = true;
         }
+        self.outage_retry(id, t, "result_unknown")
+    }
+
+    /// Retries after an outage (not attempted, or unknown). An attempt that left no later than
+    /// destination was last seen coming back was lost to the outage it already recovered
+    /// from: it is stale news, so it neither marks the destination down nor grows the
+    /// backoff, and goes again within `retry_initial`. Otherwise the destination is counted
+    /// down and the task backs off by its own count, in the outage index to come forward
+    /// when the destination is back.
+    fn outage_retry(&mut self, id: &str, mut t: TaskRec, code: &str) -> Result<(), Error> {
+        let peer = self.peer(&t.target)?;
+        if peer.back_at.is_some_and(|back| t.sent_at <= back) {
+            t.outage = false;
+            let wait = self.backoff(1)?;
+            return self.retry_after(id, t, wait);
+        }
+        let target = t.target.clone();
+        self.note_peer_failure(&target, code)?;
+        t.outage = true;
         self.retry_later(id, t)
     }
 
-    /// Counts a failure at a destination; says whether it had been healthy until now.
-    fn note_peer_failure(&mut self, relay: &str, code: &str) -> Result<bool, Error> {
+    /// Counts a failure at a destination (for the operator, and to know when it is back).
+    fn note_peer_failure(&mut self, relay: &str, code: &str) -> Result<(), Error> {
         let mut p = self.peer(relay)?;
-        let was_healthy = p.consecutive_failures == 0;
         p.consecutive_failures = p.consecutive_failures.saturating_add(1);
         p.last_error = Some(code.to_string());
         self.save_peer(relay, &p);
-        Ok(was_healthy)
+        Ok(())
     }
 
-    /// A destination showed it is alive: its waiting deliveries become due now (retry_after still honoured).
+    /// A destination showed it is alive: the first batch of its outage tasks comes forward.
     pub(crate) fn peer_is_back(&mut self, relay: &str) -> Result<(), Error> {
         let mut p = self.peer(relay)?;
         let was_down = p.consecutive_failures > 0;
         p.consecutive_failures = 0;
         p.last_success_at = Some(self.now);
-        self.save_peer(relay, &p);
-        if !was_down {
-            return Ok(());
+        if was_down {
+            p.back_at = Some(self.now);
         }
-        let prefix = k::destination_tasks(relay);
-        for (key, _) in self
-            .txn
-            .scan(&prefix, &k::prefix_end(&prefix), usize::MAX)?
-        {
+        self.save_peer(relay, &p);
+        if was_down {
+            self.revive_step(relay)?;
+        }
+        Ok(())
+    }
+
+    /// Brings up to `revive_batch` of `relay`'s outage tasks forward to now (no earlier than
+    /// their retry_after), and schedules the next step if more remain.
+    fn revive_step(&mut self, relay: &str) -> Result<(), Error> {
+        let prefix = k::outages_at(relay);
+        let batch = self.cfg.revive_batch.max(1);
+        let rows = self.txn.scan(&prefix, &k::prefix_end(&prefix), batch + 1)?;
+        let more = rows.len() > batch;
+        for (key, _) in rows.into_iter().take(batch) {
+            self.txn.delete(key.clone());
             let id = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
             if let Some(mut t) = self.txn.get::<TaskRec>(&k::task(&id))? {
                 let at = self.now.max(t.not_before).min(t.deadline);
-                if t.state == TaskState::Waiting && t.next_at > at {
+                if t.state == TaskState::Waiting && t.outage {
                     let old = t.next_at;
-                    t.next_at = at;
-                    t.failures = 0;
+                    t.outage = false;
+                    t.next_at = t.next_at.min(at);
                     self.reindex(&id, old, &t);
                     self.save_task(&id, &t);
                 }
             }
+        }
+        if more {
+            let at = self
+                .now
+                .saturating_add(self.cfg.policies.retry_initial.max(1));
+            self.txn.put_raw(k::revive(at, relay), Vec::new());
+            self.rescheduled = true;
         }
         Ok(())
     }
@@ -556,11 +622,29 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let gc = self
             .txn
             .scan(&k::gc_prefix(), &k::gc_until(self.now), self.cfg.tick_batch)?;
+        let route_prefix = k::route("");
         for (key, _) in gc {
             let prefix_len = "gc/".len() + 20 + 1;
-            self.txn.delete(key[prefix_len..].to_vec());
+            let target = key[prefix_len..].to_vec();
             self.txn.delete(key);
             self.rescheduled = true;
+            if target.starts_with(&route_prefix) {
+                self.expire_route(&target)?;
+            } else {
+                self.txn.delete(target);
+            }
+        }
+        let revive = self.txn.scan(
+            &k::revive_prefix(),
+            &k::revive_until(self.now),
+            self.cfg.tick_batch,
+        )?;
+        for (key, _) in revive {
+            self.tick_entry = Some(key.clone());
+            let relay = String::from_utf8_lossy(&key[k::revive_prefix().len() + 21..]).into_owned();
+            self.txn.delete(key);
+            self.rescheduled = true;
+            self.revive_step(&relay)?;
         }
         let due = self.txn.scan(
             &k::due_prefix(),
@@ -568,6 +652,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             self.cfg.tick_batch,
         )?;
         for (key, _) in due {
+            self.tick_entry = Some(key.clone());
             let id = String::from_utf8_lossy(&key)
                 .rsplit('/')
                 .next()
@@ -607,6 +692,23 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 TaskState::Waiting => self.launch(&id, t)?,
             }
         }
+        self.tick_entry = None;
         Ok(())
+    }
+
+    /// Sets aside an index entry a tick could not process: the entry leaves its index (so
+    /// later ticks go on), and a quarantine record keeps it, with the error, for the operator.
+    pub(crate) fn quarantine(&mut self, entry: &[u8], error: &Error) -> Result<Value, Error> {
+        self.txn.delete(entry.to_vec());
+        let mut rec = Object::new();
+        rec.insert("entry", String::from_utf8_lossy(entry).into_owned());
+        rec.insert("code", error.code.as_str());
+        rec.insert("message", error.message.as_str());
+        rec.insert("at", self.now);
+        let value = Value::Object(rec);
+        self.txn
+            .put_raw(k::quarantine(entry), canonical::to_vec(&value));
+        self.rescheduled = true;
+        Ok(value)
     }
 }

@@ -42,6 +42,10 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 pub(crate) fn rng() -> Vec<u8> {
     b"meta/rng".to_vec()
 }
+/// How many accounts were ever registered here (for `max_accounts`).
+pub(crate) fn account_count() -> Vec<u8> {
+    b"meta/accounts".to_vec()
+}
 /// An account served here.
 pub(crate) fn account(account: &str) -> Vec<u8> {
     key(&[b"acct/", account.as_bytes()])
@@ -60,21 +64,6 @@ pub(crate) fn devices(account: &str) -> Vec<u8> {
 /// A session, by the hash of its token.
 pub(crate) fn session(token_hash: &str) -> Vec<u8> {
     key(&[b"sess/", token_hash.as_bytes()])
-}
-/// Sessions of one device (for revocation).
-pub(crate) fn device_session(account: &str, device: &str, token_hash: &str) -> Vec<u8> {
-    let mut k = device_sessions(account, device);
-    k.extend_from_slice(token_hash.as_bytes());
-    k
-}
-pub(crate) fn device_sessions(account: &str, device: &str) -> Vec<u8> {
-    key(&[
-        b"sessdev/",
-        account.as_bytes(),
-        b"/",
-        device.as_bytes(),
-        b"/",
-    ])
 }
 /// A session.open nonce seen.
 pub(crate) fn nonce(account: &str, device: &str, nonce: &str) -> Vec<u8> {
@@ -140,6 +129,31 @@ pub(crate) fn parked(relay: &str, order: u64, task: &str) -> Vec<u8> {
 pub(crate) fn parked_at(relay: &str) -> Vec<u8> {
     key(&[b"park/", relay.as_bytes(), b"\n"])
 }
+/// A waiting task whose last failure was an outage (not attempted, unknown) at `relay`:
+/// the tasks brought forward when the destination is back.
+pub(crate) fn outage(relay: &str, task: &str) -> Vec<u8> {
+    key(&[b"outage/", relay.as_bytes(), b"\n", task.as_bytes()])
+}
+pub(crate) fn outages_at(relay: &str) -> Vec<u8> {
+    key(&[b"outage/", relay.as_bytes(), b"\n"])
+}
+/// The next step of bringing a destination's outage tasks forward, at `at`.
+pub(crate) fn revive(at: u64, relay: &str) -> Vec<u8> {
+    key(&[b"revive/", &pad(at), b"/", relay.as_bytes()])
+}
+pub(crate) fn revive_prefix() -> Vec<u8> {
+    b"revive/".to_vec()
+}
+pub(crate) fn revive_until(at: u64) -> Vec<u8> {
+    key(&[b"revive/", &pad(at.saturating_add(1)), b"/"])
+}
+/// An index entry a tick could not process, set aside for the operator.
+pub(crate) fn quarantine(entry: &[u8]) -> Vec<u8> {
+    key(&[b"quarantine/", entry])
+}
+pub(crate) fn quarantine_prefix() -> Vec<u8> {
+    b"quarantine/".to_vec()
+}
 /// A destination's health.
 pub(crate) fn destination(relay: &str) -> Vec<u8> {
     key(&[b"peer/", relay.as_bytes()])
@@ -197,7 +211,6 @@ mod tests {
         // Stores written before keys were built without `format!` must still be read.
         assert_eq!(account("a"), b"acct/a");
         assert_eq!(device("a", "d"), b"dev/a/d");
-        assert_eq!(device_session("a", "d", "h"), b"sessdev/a/d/h");
         assert_eq!(record("a", 7), b"tl/a/00000000000000000007");
         assert_eq!(due(12, "t.m"), b"due/00000000000000000012/t.m");
         assert_eq!(due_until(12), b"due/00000000000000000013/");
@@ -209,6 +222,11 @@ mod tests {
         assert_eq!(gc(5, b"send/a/m"), b"gc/00000000000000000005/send/a/m");
         assert_eq!(gc_until(5), b"gc/00000000000000000006/");
         assert_eq!(relay_nonce("http://r", "n"), b"rnonce/http://r\nn");
+        assert_eq!(outage("http://r", "t"), b"outage/http://r\nt");
+        assert_eq!(
+            revive(5, "http://r"),
+            b"revive/00000000000000000005/http://r"
+        );
         assert_eq!(invite_use("i", "v", "s"), b"iuse/i/v/s");
         assert_eq!(tail_number(&record("a", 42)), Some(42));
     }

@@ -130,17 +130,22 @@ mod tests {
         for _ in 0..3 {
             l.take("addr", "a", 3, 0).expect("within rate");
         }
-        let e = l.take("addr", "a", 3, 0).expect_err("fourth in the same instant");
+        let e = l
+            .take("addr", "a", 3, 0)
+            .expect_err("fourth in the same instant");
         assert_eq!(e.code, ErrorCode::RateLimited);
-        l.take("addr", "b", 3, 0).expect("another key has its own bucket");
-        l.take("addr", "a", 3, 20_000).expect("a token refilled after 20 s");
+        l.take("addr", "b", 3, 0)
+            .expect("another key has its own bucket");
+        l.take("addr", "a", 3, 20_000)
+            .expect("a token refilled after 20 s");
     }
 
     #[test]
     fn the_bucket_table_stays_bounded() {
         let mut l = Limiter::default();
         for i in 0..(MAX_BUCKETS + 10) {
-            l.take("addr", &i.to_string(), 1, i as u64).expect("fresh key");
+            l.take("addr", &i.to_string(), 1, i as u64)
+                .expect("fresh key");
         }
         assert!(l.len() <= MAX_BUCKETS, "{}", l.len());
     }

@@ -192,9 +192,46 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         self.try_tick(now).effects
     }
 
-    /// [`Engine::tick`], with the error (if the tick could not commit) for the host's log.
+    /// Most entries one tick call sets aside before it gives up for this call.
+    pub const MAX_QUARANTINED_PER_TICK: usize = 16;
+
+    /// [`Engine::tick`], with its outcome for the host's log: an error if the tick could not
+    /// commit, or `{"quarantined": [...]}` naming the entries it had to set aside.
+    ///
+    /// An entry whose processing fails for a reason other than a store fault (a record
+    /// that cannot be decoded, a stored value the engine refuses) would fail every later
+    /// tick the same way and stop all deliveries: it is quarantined (`admin.quarantine`
+    /// lists it) and the tick runs again without it. A store fault is not quarantined:
+    /// it may pass, and the next tick retries.
     pub fn try_tick(&mut self, now: u64) -> Response {
-        self.run(now, |cx| cx.tick().map(|()| Value::Null))
+        let mut set_aside = Vec::new();
+        loop {
+            let mut failed_entry = None;
+            let mut r = self.run(now, |cx| {
+                let result = cx.tick();
+                if result.is_err() && !cx.txn.store_failed() {
+                    failed_entry = cx.tick_entry.take();
+                }
+                result.map(|()| Value::Null)
+            });
+            let (Err(e), Some(entry)) = (&r.result, failed_entry) else {
+                if r.result.is_ok() && !set_aside.is_empty() {
+                    let mut o = Object::new();
+                    o.insert("quarantined", Value::Array(set_aside));
+                    r.result = Ok(Value::Object(o));
+                }
+                return r;
+            };
+            if set_aside.len() >= Self::MAX_QUARANTINED_PER_TICK {
+                return r;
+            }
+            let e = e.clone();
+            let q = self.run(now, |cx| cx.quarantine(&entry, &e));
+            match q.result {
+                Ok(v) => set_aside.push(v),
+                Err(_) => return r,
+            }
+        }
     }
 
     /// Completes relay authentication: verifies the signature under the source's key and

@@ -102,6 +102,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             ));
         }
         self.take_token("deliver", peer.as_str(), self.cfg.policies.deliver_rate)?;
+        self.take_sender_allowance(&inc)?;
         self.take_token(
             "deliver_to",
             inc.envelope.to.as_str(),
@@ -110,6 +111,18 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.peer_is_back(peer.as_str())?;
         let r = self.receive(&inc, &hash)?;
         Ok(status::from_receipt(&from, &id, &r))
+    }
+
+    /// One sender's share of a recipient's deliveries (`deliver_rate_per_sender`), taken
+    /// before the recipient's own bucket so that no sender can keep that one empty.
+    pub(crate) fn take_sender_allowance(&mut self, inc: &Incoming) -> Result<(), Error> {
+        let pair = format!(
+            "{}\n{}",
+            inc.envelope.to.as_str(),
+            inc.envelope.from.as_str()
+        );
+        let rate = self.cfg.policies.deliver_rate_per_sender;
+        self.limiter.take("deliver_from", &pair, rate, self.now)
     }
 
     /// Receiving validation rules 1 to 5 in order; on success appends the received record and stores the receipt.

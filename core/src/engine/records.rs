@@ -94,6 +94,10 @@ pub(crate) struct RouteRec {
     pub relay: String,
     /// The signed route, canonical JSON.
     pub route: Canon,
+    /// When it was last stored or used: a route of an account served elsewhere is
+    /// forgotten `message_retention` after that.
+    #[serde(default)]
+    pub touched_at: u64,
 }
 
 /// A device in an account's device state.
@@ -202,6 +206,18 @@ pub(crate) enum TaskState {
     Done,
 }
 
+impl TaskState {
+    /// The state's wire spelling, as serde writes it in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Waiting => "waiting",
+            TaskState::Parked => "parked",
+            TaskState::InFlight => "in_flight",
+            TaskState::Done => "done",
+        }
+    }
+}
+
 /// A delivery the source is responsible for.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct TaskRec {
@@ -232,6 +248,13 @@ pub(crate) struct TaskRec {
     pub uncertain: bool,
     pub retain_until: u64,
     pub park_order: u64,
+    /// The last failure was an outage (not attempted, or an unknown outcome): the task is
+    /// in the destination's outage index while it waits, to come forward when it is back.
+    #[serde(default)]
+    pub outage: bool,
+    /// When the latest attempt left.
+    #[serde(default)]
+    pub sent_at: u64,
 }
 
 /// A destination's health, for scheduling and the operator.
@@ -242,6 +265,9 @@ pub(crate) struct PeerRec {
     pub last_error: Option<String>,
     pub consecutive_failures: u32,
     pub park_seq: u64,
+    /// When it last came back after failures: attempts sent before then were lost to that outage.
+    #[serde(default)]
+    pub back_at: Option<u64>,
 }
 
 /// A token bucket, in thousandths of a token.
@@ -260,6 +286,7 @@ mod tests {
             revision: 1,
             relay: "https://relay.example".into(),
             route: Canon::new(text.to_string()),
+            touched_at: 0,
         }
     }
 
@@ -269,7 +296,9 @@ mod tests {
         let stored = serde_json::to_string(&route(text)).expect("serialize");
         assert_eq!(
             stored,
-            format!(r#"{{"revision":1,"relay":"https://relay.example","route":{text}}}"#)
+            format!(
+                r#"{{"revision":1,"relay":"https://relay.example","route":{text},"touched_at":0}}"#
+            )
         );
         let back: RouteRec = serde_json::from_str(&stored).expect("deserialize");
         assert_eq!(back.route.as_str(), text);

@@ -41,12 +41,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         // From here `p` holds the other members; `env` is the envelope.
         let env = take_envelope(&mut p)?;
         let f = Fields::new(&p);
-        // 2. Session, permission, and that it acts for the envelope's sender device.
+        // 2. Session and permission, for the envelope's sender account: the logical key is
+        // the account's, so no session learns another account's results.
         let s = self.session(caller, Need::Send)?;
-        if s.account != env.from.as_str() || s.device_id != env.from_device_id.as_str() {
+        if s.account != env.from.as_str() {
             return Err(Error::new(
                 ErrorCode::PermissionDenied,
-                "the session's account and device must be the envelope's from and from_device_id",
+                "the session's account must be the envelope's from",
             ));
         }
         // 3. The logical key.
@@ -71,7 +72,14 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 "the retention of an earlier acceptance of this message_id has ended; its result is unavailable",
             ));
         }
-        // 4. The method's checks.
+        // 4. The method's checks, the sending device's first: a recognized request was
+        // answered above whichever device of the account repeats it.
+        if s.device_id != env.from_device_id.as_str() {
+            return Err(Error::new(
+                ErrorCode::PermissionDenied,
+                "the session's device must be the envelope's from_device_id",
+            ));
+        }
         let Some(from_acct) = self.home_account(&from)? else {
             return Err(self.not_home(&from));
         };
@@ -130,13 +138,14 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let route = if self_delivery {
             None
         } else {
-            let held = self.held_route(&to)?;
-            Some(held.ok_or_else(|| {
+            let held = self.held_route(&to)?.ok_or_else(|| {
                 Error::new(
                     ErrorCode::NotFound,
                     "no route is known for the recipient account",
                 )
-            })?)
+            })?;
+            self.touch_route(&to, held.clone());
+            Some(held)
         };
         self.take_token("send", &from, self.cfg.policies.send_rate)?;
 
@@ -159,6 +168,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             target_accepted_at: None,
             error: None,
         };
+        if !self_delivery && deadline <= self.now {
+            // Accepted now, it would fail at once without an attempt.
+            return Err(Error::new(
+                ErrorCode::MessageExpired,
+                "no time is left before the delivery deadline (created_at + age limit)",
+            ));
+        }
         let send_key = k::sent(&from, &id);
         self.expire_at(retain_until, &send_key);
 
@@ -237,6 +253,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             park_order: 0,
             want_route_get: false,
             route_error: None,
+            outage: false,
+            sent_at: 0,
         };
         // For local delivery the parsed deliver params go along, so it neither
         // re-parses them nor verifies the envelope again (it just verified).

@@ -75,6 +75,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         )?
         .device_key;
         s.verify_signature(&key)?;
+        // Counted only once signed by the device: a stranger cannot spend the account's share.
+        let rate = self.cfg.policies.account_request_rate;
+        self.limiter.take("account", &account, rate, self.now)?;
         let nonce_key = k::nonce(&account, &device_id, &s.nonce);
         if self.txn.get_raw(&nonce_key)?.is_some() {
             return Err(unauthenticated("session_open nonce was already used"));
@@ -97,10 +100,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 expires_at,
             },
         );
-        let by_device = k::device_session(&account, &device_id, &hash);
-        self.txn.put_raw(by_device.clone(), Vec::new());
+        // No per-device index: a revoked device's sessions fail the device check at once
+        // and expire with their time, so revocation never walks them.
         self.expire_at(expires_at, &k::session(&hash));
-        self.expire_at(expires_at, &by_device);
         let mut out = Object::new();
         out.insert("session", token);
         out.insert("expires_at", expires_at);
@@ -119,6 +121,11 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let Some(device) = self.valid_device(&rec.account, &rec.device_id)? else {
             return Err(unauthenticated("the session's device is no longer valid"));
         };
+        if need != Need::Send {
+            // message.send has its own limit (send_rate), taken only when it accepts.
+            let rate = self.cfg.policies.account_request_rate;
+            self.limiter.take("account", &rec.account, rate, self.now)?;
+        }
         let allowed = match need {
             Need::Any => true,
             Need::Send => device.send,
@@ -172,22 +179,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         Ok(())
     }
 
-    /// Removes every session of a device (it was revoked).
-    pub(crate) fn end_device_sessions(&mut self, account: &str, device: &str) -> Result<(), Error> {
-        let prefix = k::device_sessions(account, device);
-        for (key, _) in self
-            .txn
-            .scan(&prefix, &k::prefix_end(&prefix), usize::MAX)?
-        {
-            if let Some(hash) = String::from_utf8_lossy(&key).rsplit('/').next() {
-                self.txn.delete(k::session(hash));
-            }
-            self.txn.delete(key);
-        }
+    /// Ends every session of a revoked device: the device check refuses them from this
+    /// commit on, they expire with their time, and the host closes their WebSockets.
+    /// Nothing is scanned, so revoking a device with any number of sessions costs the same.
+    pub(crate) fn end_device_sessions(&mut self, account: &str, device: &str) {
         self.effects.push(super::Effect::EndDeviceSessions {
             account: account.to_string(),
             device_id: device.to_string(),
         });
-        Ok(())
     }
 }

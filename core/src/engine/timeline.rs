@@ -134,42 +134,61 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let end = k::prefix_end(&prefix);
         let mut entries = Vec::new();
         let mut next = after;
-        // Rows are read a page of `limit` at a time (most are readable, so one page is the
-        // usual cost), and at most `limit * 10` per call, so skipping unreadable records
-        // stays bounded too.
-        let mut budget = limit * 10;
-        'pages: while budget > 0 && (entries.len() as u64) < limit {
-            let want = limit.min(budget);
+        // Bounds of one call: `limit` entries; `max_sync_bytes` of entries (at least one, so a
+        // client always advances); `10 * limit` records examined (protocol.md §4); and four
+        // times the page budget of record bytes read, so pages of records the device cannot
+        // read cost no more than a full page. Rows are read in chunks of a default page
+        // (one scan for most pages; at most 100 records in memory at once).
+        const CHUNK: u64 = DEFAULT_SYNC_LIMIT;
+        let max_bytes = self.cfg.policies.max_sync_bytes.max(1) as usize;
+        let read_budget = max_bytes.saturating_mul(4);
+        let (mut page_bytes, mut read_bytes) = (0usize, 0usize);
+        let mut examine = limit * 10;
+        'chunks: while examine > 0 {
+            let want = CHUNK.min(examine).min(limit * 10);
             let rows = self.txn.scan(
                 &k::record(&s.account, next.saturating_add(1)),
                 &end,
                 want as usize,
             )?;
-            budget -= want;
             let full = rows.len() as u64 == want;
             for (_, v) in rows {
                 let r: RecordRec = serde_json::from_slice(&v)
                     .map_err(|e| Error::new(ErrorCode::Internal, format!("corrupt record: {e}")))?;
-                next = r.seq;
                 let readable = self.now < r.expires_at
                     && r.body_expires_at.is_none_or(|t| self.now < t)
                     && r.visible.contains(&s.device_id);
-                if readable {
-                    if let Some(b) = r.boxes.into_iter().find(|b| b.device_id == s.device_id) {
-                        // The stored texts are canonical: the answer copies them as they are.
-                        let mut e = Object::new();
-                        e.insert("seq", r.seq);
-                        e.insert("kind", r.kind);
-                        e.insert("accepted_at", r.accepted_at);
-                        e.insert("expires_at", r.expires_at);
-                        e.insert("envelope", r.envelope.into_value());
-                        e.insert("device_certificate", r.certificate.into_value());
-                        e.insert("key_box", b.key_box.into_value());
-                        entries.push(Value::Object(e));
+                let own_box = if readable {
+                    r.boxes.into_iter().find(|b| b.device_id == s.device_id)
+                } else {
+                    None
+                };
+                if let Some(b) = own_box {
+                    let size = r.envelope.as_str().len()
+                        + r.certificate.as_str().len()
+                        + b.key_box.as_str().len()
+                        + 128;
+                    if !entries.is_empty() && page_bytes + size > max_bytes {
+                        // The page is full: this record starts the next one.
+                        break 'chunks;
                     }
+                    page_bytes += size;
+                    // The stored texts are canonical: the answer copies them as they are.
+                    let mut e = Object::new();
+                    e.insert("seq", r.seq);
+                    e.insert("kind", r.kind);
+                    e.insert("accepted_at", r.accepted_at);
+                    e.insert("expires_at", r.expires_at);
+                    e.insert("envelope", r.envelope.into_value());
+                    e.insert("device_certificate", r.certificate.into_value());
+                    e.insert("key_box", b.key_box.into_value());
+                    entries.push(Value::Object(e));
                 }
-                if entries.len() as u64 == limit {
-                    break 'pages;
+                next = r.seq;
+                examine -= 1;
+                read_bytes += v.len();
+                if entries.len() as u64 == limit || read_bytes >= read_budget {
+                    break 'chunks;
                 }
             }
             if !full {

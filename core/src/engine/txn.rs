@@ -11,6 +11,9 @@ pub(crate) struct Txn<'s, S: Storage> {
     /// Keys the store is known not to hold (a few per operation at most): deleting one
     /// drops its pending write instead of writing a delete.
     absent: Vec<Vec<u8>>,
+    /// Whether the store itself failed a read (a fault that may pass), as opposed to a
+    /// record that could not be decoded (which stays bad).
+    store_failed: bool,
 }
 
 impl<'s, S: Storage> Txn<'s, S> {
@@ -19,13 +22,14 @@ impl<'s, S: Storage> Txn<'s, S> {
             store,
             writes: BTreeMap::new(),
             absent: Vec::new(),
+            store_failed: false,
         }
     }
 
     pub(crate) fn get_raw(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         match self.writes.get(key) {
             Some(v) => Ok(v.clone()),
-            None => self.store.get(key),
+            None => self.store_get(key),
         }
     }
 
@@ -35,7 +39,7 @@ impl<'s, S: Storage> Txn<'s, S> {
         if let Some(v) = self.writes.get(key) {
             return Ok(v.is_none());
         }
-        let absent = self.store.get(key)?.is_none();
+        let absent = self.store_get(key)?.is_none();
         if absent {
             self.absent.push(key.to_vec());
         }
@@ -56,6 +60,17 @@ impl<'s, S: Storage> Txn<'s, S> {
             }),
             None => Ok(None),
         }
+    }
+
+    fn store_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.store
+            .get(key)
+            .inspect_err(|_| self.store_failed = true)
+    }
+
+    /// Whether a read of the store failed in this transaction.
+    pub(crate) fn store_failed(&self) -> bool {
+        self.store_failed
     }
 
     pub(crate) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
@@ -97,7 +112,10 @@ impl<'s, S: Storage> Txn<'s, S> {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let deletes = overlay.iter().filter(|(_, v)| v.is_none()).count();
-        let base = self.store.scan(start, end, limit.saturating_add(deletes))?;
+        let base = self
+            .store
+            .scan(start, end, limit.saturating_add(deletes))
+            .inspect_err(|_| self.store_failed = true)?;
         if overlay.is_empty() {
             return Ok(base);
         }

@@ -86,6 +86,7 @@ impl DeviceCertificate {
     /// Parses the object constraints (types, encodings); no signature check.
     pub fn parse(raw: Object) -> Result<DeviceCertificate, FieldError> {
         let f = Fields::new(&raw);
+        f.embeddable()?;
         f.expect_type(Self::TYPE)?;
         let mut permissions = Permissions::default();
         for (i, p) in f.array("permissions")?.iter().enumerate() {

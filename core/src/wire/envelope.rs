@@ -63,6 +63,7 @@ impl MessageEnvelope {
     /// Parses the object constraints; no signature check.
     pub fn parse(raw: Object) -> Result<MessageEnvelope, FieldError> {
         let f = Fields::new(&raw);
+        f.embeddable()?;
         f.expect_type(Self::TYPE)?;
         f.object("body")?;
         Ok(MessageEnvelope {

@@ -4,7 +4,7 @@
 //! is reported the same way for every object and every host.
 
 use super::base64url;
-use super::json::{Object, Value};
+use super::json::{Object, Value, MAX_EMBEDDED_DEPTH};
 use std::fmt;
 
 /// What is wrong with one field.
@@ -101,6 +101,18 @@ impl<'a> Fields<'a> {
     /// A reader over `obj`.
     pub fn new(obj: &'a Object) -> Fields<'a> {
         Fields { obj }
+    }
+
+    /// Refuses an object nested deeper than [`MAX_EMBEDDED_DEPTH`]: one the relay stores
+    /// and later carries inside answers, which must stay within the depth limit.
+    pub fn embeddable(&self) -> Result<(), FieldError> {
+        if self.obj.depth() > MAX_EMBEDDED_DEPTH {
+            return Err(FieldError::invalid(
+                "",
+                format!("nests deeper than {MAX_EMBEDDED_DEPTH} levels, more than any answer carrying it may"),
+            ));
+        }
+        Ok(())
     }
 
     /// The raw member, if present.

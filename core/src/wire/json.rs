@@ -13,6 +13,11 @@ use std::fmt;
 /// The deepest nesting accepted; the outermost container is depth 1.
 pub const MAX_DEPTH: usize = 32;
 
+/// The deepest a stored signed object or key box may nest by itself: an answer carries it
+/// three levels down (a sync page: result, entries, entry; an error: error, data), so
+/// at most this keeps every answer within [`MAX_DEPTH`].
+pub const MAX_EMBEDDED_DEPTH: usize = MAX_DEPTH - 3;
+
 /// The largest integer a protocol field may hold (2^53 - 1).
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 
@@ -119,6 +124,24 @@ impl<K: Into<String>, V: Into<Value>> FromIterator<(K, V)> for Object {
             o.insert(k, v);
         }
         o
+    }
+}
+
+impl Object {
+    /// How deep the object nests: 1 for an object of scalars.
+    pub fn depth(&self) -> usize {
+        1 + self.iter().map(|(_, v)| v.depth()).max().unwrap_or(0)
+    }
+}
+
+impl Value {
+    /// How deep the value nests: 0 for a scalar, 1 for a container of scalars.
+    pub fn depth(&self) -> usize {
+        match self {
+            Value::Array(items) => 1 + items.iter().map(Value::depth).max().unwrap_or(0),
+            Value::Object(o) => o.depth(),
+            _ => 0,
+        }
     }
 }
 

@@ -18,6 +18,7 @@ impl KeyBox {
     /// Parses one box: `{device_id, enc, ciphertext}` (32-byte `enc`, 1 to 1024-byte ciphertext).
     pub fn parse(raw: Object) -> Result<KeyBox, FieldError> {
         let f = Fields::new(&raw);
+        f.embeddable()?;
         let device_id = f.device_id("device_id")?;
         f.fixed::<32>("enc")?;
         f.bytes("ciphertext", 1, MAX_BOX_CIPHERTEXT)?;

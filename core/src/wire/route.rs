@@ -56,6 +56,7 @@ impl Route {
     /// Parses the object constraints; no signature check.
     pub fn parse(raw: Object) -> Result<Route, FieldError> {
         let f = Fields::new(&raw);
+        f.embeddable()?;
         f.expect_type(Self::TYPE)?;
         Ok(Route {
             network: f.network()?,
