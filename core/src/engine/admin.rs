@@ -40,7 +40,18 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             let Some((dest, id)) = text.split_once('\n') else {
                 continue;
             };
-            let Some(t) = self.txn.get::<TaskRec>(&k::task(id))? else {
+            let Some(bytes) = self.txn.get_raw(&k::task(id))? else {
+                continue;
+            };
+            let Ok(t) = serde_json::from_slice::<TaskRec>(&bytes) else {
+                // A record that cannot be decoded is shown, not allowed to hide the rest.
+                if want.is_none() {
+                    let mut o = Object::new();
+                    o.insert("destination", dest);
+                    o.insert("task", id);
+                    o.insert("state", "unreadable");
+                    list.push(Value::Object(o));
+                }
                 continue;
             };
             let state = if t.state == TaskState::Done {

@@ -54,7 +54,7 @@ impl Default for Policies {
             deliver_rate: 60_000,
             deliver_rate_per_account: 600,
             session_ttl: 86_400_000,
-            anonymous_rate: 120,
+            anonymous_rate: 600,
             account_request_rate: 1_200,
             deliver_rate_per_sender: 60,
             max_accounts: 1_000_000,

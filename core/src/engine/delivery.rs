@@ -89,6 +89,16 @@ fn parse_error_body(body: &[u8]) -> Option<(ErrorRec, Option<Value>)> {
 }
 
 impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
+    /// A task record, or none when it cannot be decoded: work on other tasks (a destination
+    /// coming back, a freed slot) goes on around a bad record, which the tick that
+    /// reaches its due entry quarantines. A store fault is still the operation's failure.
+    fn task_or_skip(&mut self, id: &str) -> Result<Option<TaskRec>, Error> {
+        let Some(bytes) = self.txn.get_raw(&k::task(id))? else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_slice(&bytes).ok())
+    }
+
     fn save_task(&mut self, id: &str, t: &TaskRec) {
         self.txn.put(k::task(id), t);
     }
@@ -444,7 +454,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 .next()
                 .unwrap_or("")
                 .to_string();
-            if let Some(t) = self.txn.get::<TaskRec>(&k::task(&id))? {
+            if let Some(t) = self.task_or_skip(&id)? {
                 if t.state == TaskState::Parked {
                     return self.launch(&id, t);
                 }
@@ -596,7 +606,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         for (key, _) in rows.into_iter().take(batch) {
             self.txn.delete(key.clone());
             let id = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
-            if let Some(mut t) = self.txn.get::<TaskRec>(&k::task(&id))? {
+            if let Some(mut t) = self.task_or_skip(&id)? {
                 let at = self.now.max(t.not_before).min(t.deadline);
                 if t.state == TaskState::Waiting && t.outage {
                     let old = t.next_at;
