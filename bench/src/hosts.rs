@@ -10,6 +10,9 @@ const POLICIES: &[&str] = &[
     "send_rate=0",
     "deliver_rate=0",
     "deliver_rate_per_account=0",
+    "deliver_rate_per_sender=0",
+    "account_request_rate=0",
+    "anonymous_rate=0",
 ];
 
 /// A host process serving `url`.

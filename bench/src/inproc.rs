@@ -37,6 +37,9 @@ pub fn config() -> Config {
     cfg.policies.send_rate = 0;
     cfg.policies.deliver_rate = 0;
     cfg.policies.deliver_rate_per_account = 0;
+    cfg.policies.deliver_rate_per_sender = 0;
+    cfg.policies.account_request_rate = 0;
+    cfg.policies.anonymous_rate = 0;
     cfg
 }
 

@@ -7,7 +7,13 @@ const [fixtureFile, scratch, syncArg] = process.argv.slice(2);
 const fx = JSON.parse(fs.readFileSync(fixtureFile, 'utf8'));
 const syncs = Number(syncArg ?? 200);
 const PAGE = 50;
-const policies = { send_rate: 0, deliver_rate: 0, deliver_rate_per_account: 0 };
+const policies = {
+  send_rate: 0,
+  deliver_rate: 0,
+  deliver_rate_per_account: 0,
+  deliver_rate_per_sender: 0,
+  account_request_rate: 0,
+};
 
 function sample(storage, op, lat, wallNs) {
   lat.sort((a, b) => a - b);
