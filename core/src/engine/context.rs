@@ -24,6 +24,8 @@ pub(crate) struct Ctx<'a, S: Storage, E: Entropy> {
     pub rescheduled: bool,
     /// The index entry a tick is working on, to set aside if it cannot be processed.
     pub tick_entry: Option<Vec<u8>>,
+    /// What this operation did, counted if it commits.
+    pub counts: super::metrics::Counters,
 }
 
 impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
@@ -44,6 +46,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             effects: Vec::new(),
             rescheduled: false,
             tick_entry: None,
+            counts: Default::default(),
         }
     }
 
@@ -198,6 +201,43 @@ pub(crate) fn next_wake<S: Storage>(store: &mut S) -> Result<Option<u64>, Storag
         }
     }
     Ok(best)
+}
+
+/// The destinations with most pending deliveries, then the rest summed as `other`.
+pub(crate) fn pending_by_destination<S: Storage>(
+    store: &mut S,
+) -> Result<Vec<super::metrics::Pending>, StorageError> {
+    use super::metrics::{Pending, TOP_DESTINATIONS};
+    let prefix = k::destination("");
+    let mut all: Vec<Pending> = Vec::new();
+    // Peers are the relays this one delivers to; the walk is bounded all the same.
+    for (key, v) in store.scan(&prefix, &k::prefix_end(&prefix), 100_000)? {
+        let Ok(p) = serde_json::from_slice::<super::records::PeerRec>(&v) else {
+            continue;
+        };
+        if p.pending == 0 && p.in_flight == 0 {
+            continue;
+        }
+        all.push(Pending {
+            destination: String::from_utf8_lossy(&key[prefix.len()..]).into_owned(),
+            pending: p.pending,
+            in_flight: p.in_flight as u64,
+        });
+    }
+    all.sort_by(|a, b| {
+        b.pending
+            .cmp(&a.pending)
+            .then(a.destination.cmp(&b.destination))
+    });
+    if all.len() > TOP_DESTINATIONS {
+        let rest = all.split_off(TOP_DESTINATIONS);
+        all.push(Pending {
+            destination: "other".to_string(),
+            pending: rest.iter().map(|p| p.pending).sum(),
+            in_flight: rest.iter().map(|p| p.in_flight).sum(),
+        });
+    }
+    Ok(all)
 }
 
 /// Checks a caller's session and returns it.

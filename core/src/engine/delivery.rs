@@ -14,6 +14,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
+use super::metrics::Counters;
 use super::receive::Incoming;
 use super::records::{ErrorRec, PeerRec, SendRec, TaskRec, TaskState};
 use super::status::{accepted_at_if_target_accepted, Status};
@@ -137,6 +138,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     ) -> Result<(), Error> {
         self.txn
             .put_new(k::by_destination(&t.target, id), Vec::new());
+        if !self.is_local(&t) {
+            self.count_pending(&t.target, true)?;
+        }
         t.next_at = self.now;
         self.txn.put_new(k::due(t.next_at, id), Vec::new());
         self.rescheduled = true;
@@ -250,6 +254,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         target_accepted_at: Option<u64>,
         error: Option<ErrorRec>,
     ) -> Result<(), Error> {
+        match status {
+            Status::TargetAccepted => self.counts.delivered += 1,
+            _ => {
+                let code = error.as_ref().map_or("unknown", |e| e.code.as_str());
+                Counters::bump(&mut self.counts.failed, code.to_string());
+            }
+        }
         let send_key = k::sent(&t.from, &t.message_id);
         if let Some(mut r) = self.txn.get::<SendRec>(&send_key)? {
             if !Status::parse(&r.status).is_some_and(Status::is_terminal) {
@@ -258,6 +269,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 r.error = error;
                 self.txn.put(send_key, &r);
             }
+        }
+        if !self.is_local(&t) {
+            self.count_pending(&t.target, false)?;
         }
         let old_next = t.next_at;
         t.state = TaskState::Done;
@@ -356,7 +370,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         revision: u64,
     ) -> Result<(), Error> {
         self.txn.delete(k::by_destination(&t.target, id));
+        if !self.is_local(&t) {
+            self.count_pending(&t.target, false)?;
+        }
         t.target = relay.to_string();
+        if !self.is_local(&t) {
+            self.count_pending(&t.target, true)?;
+        }
         t.route_revision = revision;
         t.uncertain = false;
         t.failures = 0;
@@ -477,6 +497,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             return Ok(());
         }
         let target = t.target.clone();
+        let label = match &outcome {
+            Outcome::Result(_) => "accepted",
+            Outcome::Error(_) => "rejected",
+            Outcome::Unknown => "unknown",
+            Outcome::NotAttempted => "not_attempted",
+        };
+        Counters::bump(&mut self.counts.attempts, label);
         self.release_slot(&target)?;
         // The slot release may have launched another task; reload ours untouched.
         let was_route_get = t.want_route_get;
@@ -569,6 +596,18 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.note_peer_failure(&target, code)?;
         t.outage = true;
         self.retry_later(id, t)
+    }
+
+    /// One more (or one fewer) delivery pending at `relay`, for the operator's metrics.
+    fn count_pending(&mut self, relay: &str, more: bool) -> Result<(), Error> {
+        let mut p = self.peer(relay)?;
+        p.pending = if more {
+            p.pending.saturating_add(1)
+        } else {
+            p.pending.saturating_sub(1)
+        };
+        self.save_peer(relay, &p);
+        Ok(())
     }
 
     /// Counts a failure at a destination (for the operator, and to know when it is back).
@@ -682,6 +721,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             match t.state {
                 TaskState::Done => {}
                 TaskState::InFlight => {
+                    Counters::bump(&mut self.counts.attempts, "timeout");
                     let target = t.target.clone();
                     self.release_slot(&target)?;
                     let t = self.txn.get::<TaskRec>(&k::task(&id))?.unwrap_or(t);

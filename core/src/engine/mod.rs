@@ -15,6 +15,7 @@ mod delivery;
 pub mod effect;
 mod keyspace;
 pub mod limits;
+pub mod metrics;
 mod rate;
 mod receive;
 mod records;
@@ -101,6 +102,31 @@ pub fn error_body(e: &Error) -> Value {
     Value::Object(outer)
 }
 
+/// A method name as a metrics label: a protocol method, or `other` (names come from callers).
+fn known_method(method: &str) -> String {
+    const KNOWN: [&str; 14] = [
+        "session.open",
+        "account.register",
+        "account.update",
+        "device.register",
+        "device.revoke",
+        "device.list",
+        "route.get",
+        "route.publish",
+        "contact.revoke",
+        "message.send",
+        "message.deliver",
+        "message.delivery.status",
+        "message.timeline.sync",
+        "admin.deliveries",
+    ];
+    KNOWN
+        .iter()
+        .find(|m| **m == method)
+        .map_or("other", |m| m)
+        .to_string()
+}
+
 /// Who holds a session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionInfo {
@@ -115,6 +141,7 @@ pub struct Engine<S: Storage, E: Entropy> {
     store: S,
     entropy: E,
     limiter: limits::Limiter,
+    counters: metrics::Counters,
 }
 
 impl<S: Storage, E: Entropy> Engine<S, E> {
@@ -125,6 +152,7 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             store,
             entropy,
             limiter: limits::Limiter::default(),
+            counters: metrics::Counters::default(),
         }
     }
 
@@ -173,10 +201,19 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             };
         }
         let origin = origin.map(limits::origin_key);
-        self.run(now, |cx| {
+        let r = self.run(now, |cx| {
             cx.origin = origin;
             cx.dispatch(caller, method, params)
-        })
+        });
+        if let Err(e) = &r.result {
+            if matches!(method, "message.send" | "message.deliver") {
+                metrics::Counters::bump(&mut self.counters.rejected, e.code.as_str());
+            }
+            if e.code == ErrorCode::RateLimited {
+                metrics::Counters::bump(&mut self.counters.rate_limited, known_method(method));
+            }
+        }
+        r
     }
 
     /// Reports what became of an `Effect::Send`.
@@ -228,7 +265,10 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             let e = e.clone();
             let q = self.run(now, |cx| cx.quarantine(&entry, &e));
             match q.result {
-                Ok(v) => set_aside.push(v),
+                Ok(v) => {
+                    self.counters.quarantined += 1;
+                    set_aside.push(v)
+                }
                 Err(_) => return r,
             }
         }
@@ -286,6 +326,14 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         )
     }
 
+    /// What the engine counted since it started, and the pending deliveries per destination.
+    pub fn metrics(&mut self) -> Result<metrics::Metrics, StorageError> {
+        Ok(metrics::Metrics {
+            counters: self.counters.clone(),
+            pending: context::pending_by_destination(&mut self.store)?,
+        })
+    }
+
     /// The earliest time the engine wants a tick, if any.
     pub fn next_wake(&mut self) -> Result<Option<u64>, StorageError> {
         context::next_wake(&mut self.store)
@@ -304,7 +352,11 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             now,
         );
         let result = op(&mut cx);
+        let counts = std::mem::take(&mut cx.counts);
         let (result, effects) = cx.finish(result);
+        if result.is_ok() {
+            self.counters.merge(counts);
+        }
         Response { result, effects }
     }
 }

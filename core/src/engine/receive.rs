@@ -110,6 +110,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         )?;
         self.peer_is_back(peer.as_str())?;
         let r = self.receive(&inc, &hash)?;
+        super::metrics::Counters::bump(&mut self.counts.accepted, "received");
         Ok(status::from_receipt(&from, &id, &r))
     }
 

@@ -268,6 +268,9 @@ pub(crate) struct PeerRec {
     /// When it last came back after failures: attempts sent before then were lost to that outage.
     #[serde(default)]
     pub back_at: Option<u64>,
+    /// Deliveries to it not yet ended (for the operator's metrics).
+    #[serde(default)]
+    pub pending: u64,
 }
 
 /// A token bucket, in thousandths of a token.

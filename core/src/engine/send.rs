@@ -6,6 +6,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
+use super::metrics::Counters;
 use super::receive::{params_hash, state_conflict, take_envelope, Incoming};
 use super::records::{Canon, SendRec, TaskRec, TaskState};
 use super::session::Need;
@@ -199,6 +200,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             )?;
             rec.status = Status::TargetAccepted.as_str().to_string();
             rec.target_accepted_at = Some(self.now);
+            Counters::bump(&mut self.counts.accepted, "self");
             self.txn.put(send_key, &rec);
             return Ok(status::from_send(&from, &id, &rec));
         }
@@ -273,6 +275,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 routed_here: true,
             }
         });
+        let kind = if parsed.is_some() { "local" } else { "cross" };
+        Counters::bump(&mut self.counts.accepted, kind);
         self.start_task(&task, task_rec, parsed)?;
         let rec: SendRec = self.txn.get(&k::sent(&from, &id))?.unwrap_or(rec);
         Ok(status::from_send(&from, &id, &rec))

@@ -1,0 +1,229 @@
+//! What only the engine knows, counted: acceptances, rejections, attempt outcomes, terminal
+//! results, limits hit, entries set aside, and the pending deliveries per destination.
+//!
+//! Hosts ask for these rather than re-deriving them from what crosses their boundary, so
+//! the figures mean the same on every host. Counters count committed operations (and
+//! rejections, which commit nothing) since this engine started, as Prometheus counters do;
+//! the pending gauges are read from storage and survive restarts.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Destinations named in the pending gauges; the rest are summed as `other`.
+pub const TOP_DESTINATIONS: usize = 20;
+
+/// Monotonic counts of what the engine did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Messages accepted: `message.send` by kind (`self`, `local`, `cross`), and
+    /// `message.deliver` receipts as `received`.
+    pub accepted: BTreeMap<&'static str, u64>,
+    /// `message.send` and `message.deliver` refused, by error code.
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Attempts to other relays, by outcome: `accepted`, `rejected`, `unknown`,
+    /// `not_attempted`, `timeout`.
+    pub attempts: BTreeMap<&'static str, u64>,
+    /// Deliveries that ended `target_accepted`.
+    pub delivered: u64,
+    /// Deliveries that ended `failed`, by error code.
+    pub failed: BTreeMap<String, u64>,
+    /// Calls answered `rate_limited`, by method.
+    pub rate_limited: BTreeMap<String, u64>,
+    /// Tick entries set aside (quarantined).
+    pub quarantined: u64,
+}
+
+impl Counters {
+    /// Adds `other` (one committed operation's counts) to these.
+    pub(crate) fn merge(&mut self, other: Counters) {
+        for (k, v) in other.accepted {
+            *self.accepted.entry(k).or_default() += v;
+        }
+        for (k, v) in other.rejected {
+            *self.rejected.entry(k).or_default() += v;
+        }
+        for (k, v) in other.attempts {
+            *self.attempts.entry(k).or_default() += v;
+        }
+        self.delivered += other.delivered;
+        for (k, v) in other.failed {
+            *self.failed.entry(k).or_default() += v;
+        }
+        for (k, v) in other.rate_limited {
+            *self.rate_limited.entry(k).or_default() += v;
+        }
+        self.quarantined += other.quarantined;
+    }
+
+    /// Counts one in a keyed counter.
+    pub(crate) fn bump<K: Ord>(map: &mut BTreeMap<K, u64>, key: K) {
+        *map.entry(key).or_default() += 1;
+    }
+}
+
+/// Pending deliveries at one destination (or `other`, the sum beyond the top ones).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub destination: String,
+    /// Tasks not yet ended (waiting, parked or in flight).
+    pub pending: u64,
+    /// Attempts out now.
+    pub in_flight: u64,
+}
+
+/// Everything the engine reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metrics {
+    pub counters: Counters,
+    /// The [`TOP_DESTINATIONS`] destinations with most pending deliveries, then `other`.
+    pub pending: Vec<Pending>,
+}
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn labelled<K: AsRef<str>>(out: &mut String, name: &str, label: &str, map: &BTreeMap<K, u64>) {
+    for (k, v) in map {
+        let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {v}", escape(k.as_ref()));
+    }
+}
+
+impl Metrics {
+    /// The metrics in the Prometheus text exposition format (version 0.0.4).
+    pub fn to_prometheus(&self) -> String {
+        let c = &self.counters;
+        let mut out = String::new();
+        family(
+            &mut out,
+            "relay_messages_accepted_total",
+            "counter",
+            "Messages accepted: message.send by kind (self, local, cross), message.deliver as received.",
+        );
+        labelled(
+            &mut out,
+            "relay_messages_accepted_total",
+            "kind",
+            &c.accepted,
+        );
+        family(
+            &mut out,
+            "relay_messages_rejected_total",
+            "counter",
+            "message.send and message.deliver refused, by error code.",
+        );
+        labelled(
+            &mut out,
+            "relay_messages_rejected_total",
+            "code",
+            &c.rejected,
+        );
+        family(
+            &mut out,
+            "relay_delivery_attempts_total",
+            "counter",
+            "Attempts to other relays, by outcome.",
+        );
+        labelled(
+            &mut out,
+            "relay_delivery_attempts_total",
+            "outcome",
+            &c.attempts,
+        );
+        family(
+            &mut out,
+            "relay_deliveries_delivered_total",
+            "counter",
+            "Deliveries ended target_accepted.",
+        );
+        let _ = writeln!(out, "relay_deliveries_delivered_total {}", c.delivered);
+        family(
+            &mut out,
+            "relay_deliveries_failed_total",
+            "counter",
+            "Deliveries ended failed, by error code.",
+        );
+        labelled(&mut out, "relay_deliveries_failed_total", "code", &c.failed);
+        family(
+            &mut out,
+            "relay_rate_limited_total",
+            "counter",
+            "Calls answered rate_limited, by method.",
+        );
+        labelled(
+            &mut out,
+            "relay_rate_limited_total",
+            "method",
+            &c.rate_limited,
+        );
+        family(
+            &mut out,
+            "relay_tick_entries_quarantined_total",
+            "counter",
+            "Tick entries set aside because they could not be processed.",
+        );
+        let _ = writeln!(
+            out,
+            "relay_tick_entries_quarantined_total {}",
+            c.quarantined
+        );
+        family(
+            &mut out,
+            "relay_pending_deliveries",
+            "gauge",
+            "Deliveries not yet ended, per destination (the top ones, then other).",
+        );
+        for p in &self.pending {
+            let _ = writeln!(
+                out,
+                "relay_pending_deliveries{{destination=\"{}\"}} {}",
+                escape(&p.destination),
+                p.pending
+            );
+        }
+        family(
+            &mut out,
+            "relay_in_flight_attempts",
+            "gauge",
+            "Attempts out now, per destination (the top ones, then other).",
+        );
+        for p in &self.pending {
+            let _ = writeln!(
+                out,
+                "relay_in_flight_attempts{{destination=\"{}\"}} {}",
+                escape(&p.destination),
+                p.in_flight
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_names_every_family_and_escapes_labels() {
+        let mut m = Metrics::default();
+        Counters::bump(&mut m.counters.accepted, "cross");
+        m.pending.push(Pending {
+            destination: "https://r.example/\"x\"".into(),
+            pending: 3,
+            in_flight: 1,
+        });
+        let text = m.to_prometheus();
+        assert!(text.contains("relay_messages_accepted_total{kind=\"cross\"} 1\n"));
+        assert!(text
+            .contains("relay_pending_deliveries{destination=\"https://r.example/\\\"x\\\"\"} 3\n"));
+        assert!(text.contains("# TYPE relay_deliveries_delivered_total counter\n"));
+    }
+}
