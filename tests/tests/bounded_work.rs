@@ -85,7 +85,7 @@ fn a_message_the_destination_keeps_refusing_backs_off_by_its_own_count_while_oth
     let mut others = 0;
     let end = w.now + 30 * 60_000;
     while w.now < end && attempts.len() < 12 {
-        if w.now % 2_000 == 0 {
+        if w.now.is_multiple_of(2_000) {
             let m = w.message(&alice, 0, &bob, "fine", &Msg::default());
             w.send(&alice, 0, &m).result.unwrap();
             others += 1;
@@ -424,7 +424,7 @@ fn anonymous_calls_are_limited_per_network_address() {
     p.insert("account", bob.id());
     let params = relay_core::wire::canonical::object_to_vec(&p);
     let now = w.clock(a);
-    let mut call = |w: &mut World, origin: &str| {
+    let call = |w: &mut World, origin: &str| {
         w.nodes[a]
             .engine
             .call_from(&Caller::Anonymous, Some(origin), "route.get", &params, now)
