@@ -202,3 +202,30 @@ fn the_operator_lists_pending_and_failed_deliveries_per_destination_with_last_er
     let r = w.call(a, &World::session(&alice, 0), "admin.deliveries", &p);
     assert_eq!(code_of(&r), "permission_denied");
 }
+
+#[test]
+fn a_store_records_its_schema_version_and_one_written_by_a_newer_relay_is_refused() {
+    use rand::SeedableRng;
+    use relay_core::engine::{Engine, MemoryStore, Storage, SCHEMA_VERSION};
+    let cfg = relay_core::engine::Config::new(
+        relay_core::wire::identity::RelayId::parse("http://a.test").unwrap(),
+        NET,
+    );
+    let entropy = || TestEntropy(rand_chacha::ChaCha20Rng::seed_from_u64(1));
+    let store = MemoryStore::new();
+    let mut e = Engine::new(cfg.clone(), store.clone(), entropy());
+    e.open_store().expect("a new store");
+    assert_eq!(
+        store.snapshot().get(b"meta/schema".as_slice()),
+        Some(&SCHEMA_VERSION.to_string().into_bytes())
+    );
+    Engine::new(cfg.clone(), store.clone(), entropy())
+        .open_store()
+        .expect("the same version again");
+    let mut newer = MemoryStore::new();
+    newer
+        .commit(vec![(b"meta/schema".to_vec(), Some(b"2".to_vec()))])
+        .unwrap();
+    let err = Engine::new(cfg, newer, entropy()).open_store().unwrap_err();
+    assert!(err.contains("newer relay"), "{err}");
+}

@@ -38,6 +38,10 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     end
 }
 
+/// Engine metadata: the stored data's schema version.
+pub(crate) fn schema() -> Vec<u8> {
+    b"meta/schema".to_vec()
+}
 /// Engine metadata: the jitter generator's state.
 pub(crate) fn rng() -> Vec<u8> {
     b"meta/rng".to_vec()

@@ -135,6 +135,13 @@ pub struct SessionInfo {
     pub expires_at: u64,
 }
 
+/// The version of the stored data's layout this engine writes and reads.
+///
+/// Stored in `meta/schema` when a store is first opened. A store of a newer version was
+/// written by a newer relay, which may have changed what keys mean: it is refused rather
+/// than misread. Version 1 is the layout of docs/protocol.md "Storage".
+pub const SCHEMA_VERSION: u64 = 1;
+
 /// The relay engine over a host's storage and entropy.
 pub struct Engine<S: Storage, E: Entropy> {
     config: Config,
@@ -153,6 +160,34 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             entropy,
             limiter: limits::Limiter::default(),
             counters: metrics::Counters::default(),
+        }
+    }
+
+    /// Checks the store's schema version before anything else reads it: records the current
+    /// one in a new store, and refuses a store written by a newer relay with a clear message.
+    pub fn open_store(&mut self) -> Result<(), String> {
+        let key = keyspace::schema();
+        let held = self
+            .store
+            .get(&key)
+            .map_err(|e| format!("reading the schema version: {e}"))?;
+        match held {
+            None => self
+                .store
+                .commit(vec![(key, Some(SCHEMA_VERSION.to_string().into_bytes()))])
+                .map_err(|e| format!("recording the schema version: {e}")),
+            Some(bytes) => {
+                let v: u64 = std::str::from_utf8(&bytes)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or("the stored schema version is unreadable")?;
+                if v > SCHEMA_VERSION {
+                    return Err(format!(
+                        "this data was written by a newer relay (schema version {v}; this relay reads up to {SCHEMA_VERSION}): run that version, or restore a backup made by this one"
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 
