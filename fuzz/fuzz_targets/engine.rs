@@ -1,0 +1,3 @@
+//! cargo-fuzz entry for `relay_fuzz::engine` (see fuzz/targets/src/lib.rs).
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| relay_fuzz::engine(data));
