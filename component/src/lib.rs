@@ -183,9 +183,15 @@ mod guest {
         }
     }
 
-    fn call(c: t::Caller, method: &str, params: Vec<u8>, now: u64) -> t::Reply {
+    fn call(
+        c: t::Caller,
+        origin: Option<&str>,
+        method: &str,
+        params: Vec<u8>,
+        now: u64,
+    ) -> t::Reply {
         reply(with(
-            |s| s.engine.call(&caller(c), method, &params, now),
+            |s| s.engine.call_from(&caller(c), origin, method, &params, now),
             not_ready,
         ))
     }
@@ -206,19 +212,25 @@ mod guest {
             Ok(())
         }
         fn send(c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            call(c, "message.send", params, now)
+            call(c, None, "message.send", params, now)
         }
         fn deliver(c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            call(c, "message.deliver", params, now)
+            call(c, None, "message.deliver", params, now)
         }
         fn status(c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            call(c, "message.delivery.status", params, now)
+            call(c, None, "message.delivery.status", params, now)
         }
         fn sync(c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            call(c, "message.timeline.sync", params, now)
+            call(c, None, "message.timeline.sync", params, now)
         }
-        fn call(c: t::Caller, method: String, params: Vec<u8>, now: u64) -> t::Reply {
-            call(c, &method, params, now)
+        fn call(
+            c: t::Caller,
+            origin: Option<String>,
+            method: String,
+            params: Vec<u8>,
+            now: u64,
+        ) -> t::Reply {
+            call(c, origin.as_deref(), &method, params, now)
         }
         fn outcome(task: String, attempt: u32, outcome: t::Outcome, now: u64) -> Vec<t::Effect> {
             let outcome = match outcome {

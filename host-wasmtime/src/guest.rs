@@ -126,6 +126,12 @@ pub fn native_verdict(key: &[u8], message: &[u8], signature: &[u8]) -> host::Ver
 
 pub use host::Verdict;
 
+/// An instance of the component and the wasmtime store that holds it (and the storage).
+struct Live {
+    store: Store<HostState>,
+    instance: Relay,
+}
+
 /// A loaded, initialized core instance.
 pub struct Core {
     engine: Engine,
@@ -133,8 +139,11 @@ pub struct Core {
     linker: Linker<HostState>,
     config_json: String,
     seed: [u8; 32],
-    store: Store<HostState>,
-    instance: Relay,
+    /// The instance; none once a trapped one could not be replaced ([`Core::failed`]).
+    live: Option<Live>,
+    /// The storage, held here once no instance holds it: only the open group is still
+    /// flushed; nothing enters the guest again.
+    orphaned: Option<Grouped<AnyStore>>,
     /// Traps survived (each replaced the instance).
     pub traps: u64,
     /// Whether the engine meters fuel ([`metered_engine`]); only then is fuel set and read.
@@ -172,6 +181,7 @@ fn engine(fuel: bool) -> wasmtime::Result<Engine> {
     Engine::new(&cfg)
 }
 
+/// A fresh, initialized instance over `store`; on failure, the error and `store` back.
 fn instantiate(
     engine: &Engine,
     component: &Component,
@@ -179,7 +189,7 @@ fn instantiate(
     store: Grouped<AnyStore>,
     config_json: &str,
     seed: &[u8; 32],
-) -> wasmtime::Result<(Store<HostState>, Relay)> {
+) -> Result<Live, (wasmtime::Error, Box<Grouped<AnyStore>>)> {
     let limits = StoreLimitsBuilder::new()
         .memory_size(MEMORY_LIMIT)
         .instances(16)
@@ -199,16 +209,22 @@ fn instantiate(
         },
     );
     s.limiter(|h| &mut h.limits);
-    // Metered engines only: elsewhere there is no fuel to set (`get_fuel` says so).
-    if s.get_fuel().is_ok() {
-        s.set_fuel(FUEL_PER_CALL)?;
+    let start = |s: &mut Store<HostState>| -> wasmtime::Result<Relay> {
+        // Metered engines only: elsewhere there is no fuel to set (`get_fuel` says so).
+        if s.get_fuel().is_ok() {
+            s.set_fuel(FUEL_PER_CALL)?;
+        }
+        s.set_epoch_deadline(u64::MAX / 2);
+        let instance = Relay::instantiate(&mut *s, component, linker)?;
+        instance
+            .call_init(&mut *s, config_json, seed)?
+            .map_err(|e| wasmtime::format_err!("core init: {e}"))?;
+        Ok(instance)
+    };
+    match start(&mut s) {
+        Ok(instance) => Ok(Live { store: s, instance }),
+        Err(e) => Err((e, Box::new(s.into_data().store))),
     }
-    s.set_epoch_deadline(u64::MAX / 2);
-    let instance = Relay::instantiate(&mut s, component, linker)?;
-    instance
-        .call_init(&mut s, config_json, seed)?
-        .map_err(|e| wasmtime::format_err!("core init: {e}"))?;
-    Ok((s, instance))
 }
 
 impl Core {
@@ -233,17 +249,17 @@ impl Core {
         let mut linker = Linker::new(engine);
         Relay::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         let store = Grouped::new(store);
-        let (store, instance) =
-            instantiate(engine, &component, &linker, store, &config_json, &seed)?;
-        let metered = store.get_fuel().is_ok();
+        let live = instantiate(engine, &component, &linker, store, &config_json, &seed)
+            .map_err(|(e, _)| e)?;
+        let metered = live.store.get_fuel().is_ok();
         Ok(Core {
             engine: engine.clone(),
             component,
             linker,
             config_json,
             seed,
-            store,
-            instance,
+            live: Some(live),
+            orphaned: None,
             traps: 0,
             metered,
             fuel_spent: 0,
@@ -251,19 +267,21 @@ impl Core {
         })
     }
 
-    /// Runs one export with a fresh budget; after a trap the instance is replaced over the same storage.
+    /// Runs one export with a fresh budget; after a trap the instance is replaced over the
+    /// same storage. `None` after a trap, and for every call once no instance could be made.
     fn guarded<R>(
         &mut self,
         f: impl FnOnce(&Relay, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Option<R> {
+        let live = self.live.as_mut()?;
         // Without metering, asking for fuel is an error built per call: not on this path.
         if self.metered {
-            let _ = self.store.set_fuel(FUEL_PER_CALL);
+            let _ = live.store.set_fuel(FUEL_PER_CALL);
         }
-        self.store.set_epoch_deadline(crate::EPOCHS_PER_CALL);
-        let r = f(&self.instance, &mut self.store);
+        live.store.set_epoch_deadline(crate::EPOCHS_PER_CALL);
+        let r = f(&live.instance, &mut live.store);
         if self.metered {
-            let left = self.store.get_fuel().unwrap_or(FUEL_PER_CALL);
+            let left = live.store.get_fuel().unwrap_or(FUEL_PER_CALL);
             self.fuel_spent += FUEL_PER_CALL.saturating_sub(left);
         }
         match r {
@@ -279,53 +297,99 @@ impl Core {
         }
     }
 
+    /// Replaces the trapped instance with a fresh one over the same storage. If none can be
+    /// made, the core fails closed: no instance, nothing enters the guest again, and
+    /// [`Core::failed`] tells the host to stop. No other storage ever stands in.
     fn recover(&mut self) {
-        // The trapped instance's uncommitted writes died with it; storage is intact.
-        let placeholder = Grouped::new(AnyStore::Memory(relay_core::engine::MemoryStore::new()));
-        let old = std::mem::replace(&mut self.store.data_mut().store, placeholder);
+        let Some(old) = self.live.take() else {
+            return;
+        };
+        // The trapped instance (and its memory) goes first; its uncommitted writes died with
+        // it, and the storage, with the open group's earlier writes, is intact.
+        let store = old.store.into_data().store;
         match instantiate(
             &self.engine,
             &self.component,
             &self.linker,
-            old,
+            store,
             &self.config_json,
             &self.seed,
         ) {
-            Ok((store, instance)) => {
-                self.store = store;
-                self.instance = instance;
-                self.store.data_mut().pre = self.pre.clone();
+            Ok(mut live) => {
+                live.store.data_mut().pre = self.pre.clone();
+                self.live = Some(live);
             }
-            Err(e) => tracing::error!("could not restart the core: {e:#}"),
+            Err((e, store)) => {
+                tracing::error!(
+                    "could not start a fresh core instance over the storage after a trap: {e:#}; \
+                     the relay stops serving (fail closed)"
+                );
+                self.orphaned = Some(*store);
+            }
+        }
+    }
+
+    /// Whether the core has failed closed: a trapped instance could not be replaced, so
+    /// every call answers `internal` without entering the guest, and the host must stop.
+    pub fn failed(&self) -> bool {
+        self.live.is_none()
+    }
+
+    /// The storage, wherever it is held.
+    fn storage(&mut self) -> &mut Grouped<AnyStore> {
+        match (&mut self.live, &mut self.orphaned) {
+            (Some(live), _) => &mut live.store.data_mut().store,
+            (None, Some(store)) => store,
+            (None, None) => unreachable!("the storage is held by the instance or the core"),
         }
     }
 
     /// Opens a commit group: the following calls' commits wait for [`Core::flush_group`].
     pub fn begin_group(&mut self) {
-        self.store.data_mut().store.begin();
+        self.storage().begin();
     }
 
     /// Makes the group's writes durable in one transaction; on error all of them are undone.
     pub fn flush_group(&mut self) -> Result<(), StorageError> {
-        self.store.data_mut().store.flush()
+        self.storage().flush()
     }
 
     /// Answers the core's envelope verifications from `pre` where its workers verified them.
     pub fn set_preverify(&mut self, pre: Option<Arc<Preverify>>) {
-        self.store.data_mut().pre = pre.clone();
+        if let Some(live) = &mut self.live {
+            live.store.data_mut().pre = pre.clone();
+        }
         self.pre = pre;
     }
 
-    /// Calls a protocol method.
+    /// Calls a protocol method for an in-process caller (no network address).
     pub fn call(&mut self, caller: &Caller, method: &str, params: &[u8], now: u64) -> Reply {
-        self.store.data_mut().sending = match caller {
+        self.call_from(caller, None, method, params, now)
+    }
+
+    /// Calls a protocol method for a caller that reached the host from network address
+    /// `origin` (its IP address, no port): anonymous calls are limited per address too.
+    pub fn call_from(
+        &mut self,
+        caller: &Caller,
+        origin: Option<&str>,
+        method: &str,
+        params: &[u8],
+        now: u64,
+    ) -> Reply {
+        let sending = match caller {
             Caller::Session(t) if method == "message.send" && self.pre.is_some() => Some(t.clone()),
             _ => None,
         };
+        if let Some(live) = &mut self.live {
+            live.store.data_mut().sending = sending;
+        }
         let r = self
-            .guarded(|i, s| i.call_call(s, caller, method, params, now))
+            .guarded(|i, s| i.call_call(s, caller, origin, method, params, now))
             .unwrap_or_else(internal_reply);
-        self.store.data_mut().sending = None;
+        if let Some(live) = &mut self.live {
+            live.store.data_mut().sending = None;
+        }
         r
     }
 
@@ -407,5 +471,151 @@ pub fn internal_reply() -> Reply {
         status: 500,
         body: br#"{"error":{"code":"internal","message":"the relay core failed; nothing was accepted"}}"#.to_vec(),
         effects: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SqliteStore;
+    use rand::SeedableRng;
+    use relay_core::client::{draft, AccountKey, DeviceKey};
+    use relay_core::wire::canonical;
+    use relay_core::wire::json::Object;
+
+    const RELAY: &str = "http://127.0.0.1:1";
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("relay-guest-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        dir
+    }
+
+    fn load(db: &Path) -> Core {
+        let config = relay_core::engine::Config::new(
+            relay_core::wire::identity::RelayId::parse(RELAY).unwrap(),
+            "dev",
+        );
+        let component = crate::settings::Settings::default().component_path();
+        let store = AnyStore::Sqlite(SqliteStore::open(db).expect("sqlite"));
+        Core::load(
+            &wasm_engine().unwrap(),
+            &component,
+            store,
+            String::from_utf8(config.to_json()).unwrap(),
+            [7; 32],
+        )
+        .unwrap_or_else(|e| panic!("{}: {e:#} (build it with `./x test`)", component.display()))
+    }
+
+    /// `account.register` params for a fresh account homed here, and its id.
+    fn registration() -> (Vec<u8>, String) {
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(19);
+        let key = AccountKey::generate(&mut rng);
+        let device = DeviceKey::generate(&mut rng);
+        let now = crate::now_ms();
+        let mut p = Object::new();
+        p.insert(
+            "route",
+            draft::route("dev", &key.id(), RELAY, 1, now).sign(&key),
+        );
+        p.insert(
+            "certificate",
+            draft::certificate("dev", &key, &device, &["send", "sync", "manage"], now).sign(&key),
+        );
+        (canonical::object_to_vec(&p), key.id().as_str().to_string())
+    }
+
+    fn route_get(core: &mut Core, account: &str) -> u16 {
+        let params = format!(r#"{{"account":"{account}"}}"#);
+        core.call(
+            &Caller::Anonymous,
+            "route.get",
+            params.as_bytes(),
+            crate::now_ms(),
+        )
+        .status
+    }
+
+    /// Makes the next call that grows the guest's memory trap (a real trap, as an
+    /// allocation past the memory limit is), and hands it a request that must grow it.
+    fn trapping_call(core: &mut Core) -> Reply {
+        core.live.as_mut().unwrap().store.data_mut().limits = StoreLimitsBuilder::new()
+            .memory_size(0)
+            .trap_on_grow_failure(true)
+            .build();
+        let big = format!(r#"{{"account":"{}"}}"#, "a".repeat(200_000));
+        core.call(
+            &Caller::Anonymous,
+            "route.get",
+            big.as_bytes(),
+            crate::now_ms(),
+        )
+    }
+
+    #[test]
+    fn a_trap_is_survived_by_a_fresh_instance_over_the_same_storage() {
+        let dir = scratch("recovers");
+        let mut core = load(&dir.join("relay.sqlite"));
+        let (register, account) = registration();
+        let r = core.call(
+            &Caller::Anonymous,
+            "account.register",
+            &register,
+            crate::now_ms(),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(trapping_call(&mut core).status, 500);
+        assert_eq!(core.traps, 1);
+        assert!(!core.failed());
+        assert_eq!(
+            route_get(&mut core, &account),
+            200,
+            "the fresh instance reads the storage"
+        );
+        drop(core);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_trap_whose_fresh_instance_cannot_start_fails_closed_and_keeps_the_real_storage() {
+        let dir = scratch("fails-closed");
+        let db = dir.join("relay.sqlite");
+        let mut core = load(&db);
+        let (register, account) = registration();
+        // A group's earlier call (its writes wait in the group), then a trap whose restart fails.
+        core.begin_group();
+        let r = core.call(
+            &Caller::Anonymous,
+            "account.register",
+            &register,
+            crate::now_ms(),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        core.config_json = "not a configuration".into();
+        assert_eq!(trapping_call(&mut core).status, 500);
+        assert_eq!(core.traps, 1);
+        assert!(
+            core.failed(),
+            "no instance could be made: the core has failed closed"
+        );
+        // Nothing enters a guest again: every call answers internal, and no trap is counted.
+        assert_eq!(route_get(&mut core, &account), 500);
+        assert!(core.well_known().is_empty());
+        assert!(core.tick(crate::now_ms()).is_empty());
+        assert_eq!(core.traps, 1);
+        // The group still flushes to the real storage, never to a stand-in.
+        core.flush_group()
+            .expect("the group's writes reach the database");
+        drop(core);
+        let mut again = load(&db);
+        assert_eq!(
+            route_get(&mut again, &account),
+            200,
+            "the registration is durable"
+        );
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

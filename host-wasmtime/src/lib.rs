@@ -146,16 +146,18 @@ impl App {
         }
     }
 
-    /// Calls a method and executes its effects; the reply goes back to the caller.
+    /// Calls a method for a caller that connected from `origin` (the peer's IP address) and
+    /// executes its effects; the reply goes back to the caller.
     pub async fn call(
         self: &Arc<App>,
         caller: guest::Caller,
+        origin: Option<String>,
         method: String,
         params: Vec<u8>,
     ) -> Reply {
         let mut reply = self
             .core
-            .run(move |c| c.call(&caller, &method, &params, now_ms()))
+            .run(move |c| c.call_from(&caller, origin.as_deref(), &method, &params, now_ms()))
             .await;
         self.dispatch(std::mem::take(&mut reply.effects));
         reply
@@ -201,6 +203,9 @@ fn load_or_create_secret(path: &std::path::Path, len: usize) -> anyhow::Result<V
 }
 
 /// Starts a relay: loads the component, opens storage, binds the port, serves until stopped.
+///
+/// If the core traps and no fresh instance can be made over the storage, the relay does not
+/// go on: it logs why and exits the process with status 70.
 pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -292,6 +297,14 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
             // Jobs run until every handle is gone; the last group's commit finishes first.
             while let Ok(first) = rx.recv() {
                 run_group(&mut core, first, &rx, max_group);
+                if core.failed() {
+                    // Fail closed: without an instance over the real storage nothing can be
+                    // answered truthfully, so the process stops (a supervisor restarts it).
+                    tracing::error!(
+                        "the relay core could not be restarted after a trap; exiting (status 70)"
+                    );
+                    std::process::exit(70);
+                }
             }
         })?;
     ready_rx.recv().context("the core thread died")??;

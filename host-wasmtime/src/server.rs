@@ -5,7 +5,7 @@ use crate::hub::Outgoing;
 use crate::{now_ms, App};
 use axum::body::Body;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -15,6 +15,7 @@ use relay_core::wire::canonical;
 use relay_core::wire::identity::RelayId;
 use relay_core::wire::json::{self, Object, Value};
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -115,6 +116,12 @@ async fn read_body(
     }
 }
 
+/// The network address a call came from, as the core keys its per-address limits: the
+/// TCP peer's IP address, without the port.
+fn origin(peer: SocketAddr) -> Option<String> {
+    Some(peer.ip().to_string())
+}
+
 fn bearer(headers: &HeaderMap) -> Option<String> {
     let v = headers.get("authorization")?.to_str().ok()?;
     v.strip_prefix("Bearer ").map(|t| t.trim().to_string())
@@ -122,6 +129,7 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
 
 async fn client_call(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -142,11 +150,12 @@ async fn client_call(
     {
         pre.send(t, &parsed);
     }
-    reply_response(app.call(caller, method, body).await)
+    reply_response(app.call(caller, origin(peer), method, body).await)
 }
 
 async fn admin_call(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -162,8 +171,13 @@ async fn admin_call(
         );
     }
     reply_response(
-        app.call(Caller::Operator, format!("admin.{method}"), body)
-            .await,
+        app.call(
+            Caller::Operator,
+            origin(peer),
+            format!("admin.{method}"),
+            body,
+        )
+        .await,
     )
 }
 
@@ -179,6 +193,7 @@ fn relay_headers(h: &HeaderMap) -> Option<RelayHeaders> {
 
 async fn relay_call(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -230,7 +245,10 @@ async fn relay_call(
             if let (Some(pre), "message.deliver") = (&app.preverify, method.as_str()) {
                 pre.deliver(&parsed);
             }
-            reply_response(app.call(Caller::Relay(source), method, body).await)
+            reply_response(
+                app.call(Caller::Relay(source), origin(peer), method, body)
+                    .await,
+            )
         }
         Some(Err(r)) => reply_response(r),
         None => error_response(
@@ -246,6 +264,7 @@ async fn well_known(State(app): State<Arc<App>>) -> Response {
 
 async fn websocket(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
     up: WebSocketUpgrade,
@@ -263,7 +282,7 @@ async fn websocket(
     };
     let limit = app.max_request_bytes;
     up.max_message_size(limit + 1024)
-        .on_upgrade(move |socket| serve_socket(app, socket, token, info))
+        .on_upgrade(move |socket| serve_socket(app, socket, token, info, origin(peer)))
         .into_response()
 }
 
@@ -301,6 +320,7 @@ async fn serve_socket(
     socket: WebSocket,
     token: String,
     info: crate::guest::SessionInfo,
+    origin: Option<String>,
 ) {
     use futures_util::{SinkExt, StreamExt};
     let (mut sink, mut stream) = socket.split();
@@ -362,7 +382,12 @@ async fn serve_socket(
             }
         }
         let reply = app
-            .call(Caller::Session(token.clone()), method, params)
+            .call(
+                Caller::Session(token.clone()),
+                origin.clone(),
+                method,
+                params,
+            )
             .await;
         let _ = tx.send(Outgoing::Text(answer_frame(
             id,

@@ -232,6 +232,61 @@ async fn oversize_bodies_get_413_and_malformed_json_400_without_reaching_the_cor
     a.stop().await;
 }
 
+/// POSTs `body` without credentials; the status, the `Retry-After` header and the body.
+async fn post_anonymous(url: &str, body: &Object) -> (u16, Option<String>, Value) {
+    use http_body_util::{BodyExt, Full};
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<bytes::Bytes>>();
+    let req = hyper::Request::post(url)
+        .header("content-type", "application/json")
+        .body(Full::new(
+            relay_core::wire::canonical::object_to_vec(body).into(),
+        ))
+        .unwrap();
+    let res = client.request(req).await.expect("http");
+    let status = res.status().as_u16();
+    let retry = res
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    (status, retry, json::parse(&bytes).unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fourth_anonymous_call_from_one_address_within_a_minute_gets_429_and_the_relay_goes_on() {
+    let a = relay(|s| s.apply_policy("anonymous_rate=3").unwrap()).await;
+    let mut c = Client::new(19);
+    // account.register and session.open are the address's first two anonymous calls.
+    let alice = c.register(&a.url, true).await;
+    let mut p = Object::new();
+    p.insert("account", alice.key.id().as_str());
+    let url = format!("{}/v1/route.get", a.url);
+    let (s, _, v) = post_anonymous(&url, &p).await;
+    assert_eq!(s, 200, "the third: {v:?}");
+    let (s, retry, v) = post_anonymous(&url, &p).await;
+    assert_eq!(s, 429, "the fourth: {v:?}");
+    let code = v
+        .as_object()
+        .and_then(|o| o.get("error"))
+        .and_then(Value::as_object)
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_str);
+    assert_eq!(code, Some("rate_limited"), "{v:?}");
+    let retry: u64 = retry.expect("a Retry-After header").parse().unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    // The relay still answers: a session's call, and its well-known document.
+    assert_eq!(c.texts(&alice).await, Vec::<String>::new());
+    let (s, _) = c
+        .http
+        .get(&format!("{}/.well-known/relay", a.url))
+        .await
+        .unwrap();
+    assert_eq!(s, 200);
+    a.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_rpc_requires_a_valid_relay_signature() {
     let a = relay(|_| {}).await;
