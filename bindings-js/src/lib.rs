@@ -317,17 +317,22 @@ impl RelayCore {
         })
     }
 
-    /// Calls a method; `callerKind` is `anonymous`, `session`, `relay` or `operator`. Returns the reply JSON.
+    /// Calls a method; `callerKind` is `anonymous`, `session`, `relay` or `operator`;
+    /// `origin` is the network address the caller connected from (its IP address, no port),
+    /// or null/undefined for an in-process caller: anonymous calls are limited per address
+    /// too. Returns the reply JSON.
     pub fn call(
         &mut self,
         caller_kind: &str,
         caller_value: &str,
+        origin: Option<String>,
         method: &str,
         params: &str,
         now: f64,
     ) -> String {
-        reply_json(&self.engine.call(
+        reply_json(&self.engine.call_from(
             &caller(caller_kind, caller_value),
+            origin.as_deref(),
             method,
             params.as_bytes(),
             now as u64,

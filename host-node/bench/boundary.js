@@ -19,11 +19,11 @@ function time(label, f) {
   return us;
 }
 
-const s1 = time('send, JSON string in/out', (i) => JSON.parse(core.call('session', alice.session, 'message.send', strings[i], Date.now())));
+const s1 = time('send, JSON string in/out', (i) => JSON.parse(core.call('session', alice.session, null, 'message.send', strings[i], Date.now())));
 const s2 = time('send, serde-wasm-bindgen values', (i) => core.callValue('session', alice.session, 'message.send', values[i], Date.now()));
 const page = '{"after":0,"limit":50}';
 const pageV = { after: 0, limit: 50 };
-const y1 = time('sync 50 entries, JSON string in/out', () => JSON.parse(core.call('session', bob.session, 'message.timeline.sync', page, Date.now())));
+const y1 = time('sync 50 entries, JSON string in/out', () => JSON.parse(core.call('session', bob.session, null, 'message.timeline.sync', page, Date.now())));
 const y2 = time('sync 50 entries, serde-wasm-bindgen values', () => core.callValue('session', bob.session, 'message.timeline.sync', pageV, Date.now()));
 console.log(`string/value time ratio: send ${(s1 / s2).toFixed(2)}, sync ${(y1 / y2).toFixed(2)} (below 1: strings are faster)`);
 await relay.close();

@@ -2,12 +2,17 @@
 //
 // A trap (a Rust panic is a wasm `unreachable`) leaves that wasm instance
 // unusable. Nothing it was doing was committed, so the wrapper answers
-// `internal` and loads a fresh instance of the module over the same storage.
+// `internal`, drops the instance, and makes a fresh one over the same storage.
 
+import fs from 'node:fs';
+import vm from 'node:vm';
 import { hostCrypto } from './native.js';
 
-const PKG = new URL('../pkg/relay_wasm.js', import.meta.url);
-let generation = 0;
+/** The core as a classic script (wasm-bindgen's no-modules target): each run of it is an instance of its own. */
+const SCRIPT = new URL('../pkg/relay_wasm_script.js', import.meta.url);
+const WASM = new URL('../pkg/relay_wasm_script_bg.wasm', import.meta.url);
+/** The script and the compiled wasm module, read and compiled once per process (or thread). */
+let loaded = null;
 
 /**
  * Most calls in one commit group: a full group commits at once, and the rest wait for the
@@ -23,10 +28,18 @@ function groupCap(v) {
   return Number(v);
 }
 
-/** Loads a fresh instance of the wasm module (each import URL is a new instance), with the host's native crypto installed. */
-async function loadModule(crypto) {
-  generation += 1;
-  const mod = await import(`${PKG.href}?instance=${generation}`);
+/**
+ * A fresh instance of the core (its own glue and wasm memory), with the host's native crypto
+ * installed. Nothing else holds it: once its `Core` lets go of it, it is garbage. (An ES
+ * module imported under a fresh URL would stay in the module map for the process's life.)
+ */
+function loadModule(crypto) {
+  loaded ??= {
+    script: new vm.Script(`(() => {\n${fs.readFileSync(SCRIPT, 'utf8')}\nreturn wasm_bindgen;\n})()`, { filename: SCRIPT.pathname }),
+    module: new WebAssembly.Module(fs.readFileSync(WASM)),
+  };
+  const mod = loaded.script.runInThisContext();
+  mod.initSync({ module: loaded.module });
   mod.setHostCrypto(crypto);
   return mod;
 }
@@ -54,7 +67,8 @@ export class Core {
     this.seed = seed;
     this.traps = 0;
     this.inner = new mod.RelayCore(config, storage, seed);
-    this.recovering = null;
+    /** Called with the fresh instance's next wake-up (ms, or -1) after each recovery from a trap. */
+    this.onRecover = null;
     /** Answers of the open commit group, released after its flush: `[reply, resolve]`. */
     this.group = null;
   }
@@ -65,14 +79,14 @@ export class Core {
    * its effects) is released only after that transaction is durable.
    * @returns {Promise<object>} the reply, as `call` returns it
    */
-  callGrouped(kind, value, method, params, now) {
-    if (typeof this.storage.begin !== 'function' || GROUP_CAP === 0) return Promise.resolve(this.call(kind, value, method, params, now));
+  callGrouped(kind, value, origin, method, params, now) {
+    if (typeof this.storage.begin !== 'function' || GROUP_CAP === 0) return Promise.resolve(this.call(kind, value, origin, method, params, now));
     if (!this.group) {
       this.storage.begin();
       this.group = [];
       setImmediate(() => this.flushGroup());
     }
-    const reply = JSON.parse(this.#run((c) => c.call(kind, value, method, params, now), INTERNAL));
+    const reply = JSON.parse(this.#run((c) => c.call(kind, value, origin, method, params, now), INTERNAL));
     const answer = new Promise((resolve) => this.group.push([reply, resolve]));
     if (this.group.length >= GROUP_CAP) this.flushGroup();
     return answer;
@@ -98,7 +112,7 @@ export class Core {
    * @param {object | null} [crypto] the host crypto to offer the core (default: the native addon's)
    */
   static async create(config, storage, seed, crypto = hostCrypto()) {
-    return new Core(await loadModule(crypto), config, storage, seed, crypto);
+    return new Core(loadModule(crypto), config, storage, seed, crypto);
   }
 
   /** Runs `f` against the instance, after committing any open group (so its answer and effects never precede a commit). */
@@ -107,31 +121,43 @@ export class Core {
     return this.#run(f, fallback);
   }
 
-  /** Runs `f` against the instance; on a trap, schedules a fresh instance and returns `fallback`. */
+  /** Runs `f` against the instance; on a trap, replaces the instance and returns `fallback`. */
   #run(f, fallback) {
-    if (this.recovering) return fallback;
     try {
       return f(this.inner);
     } catch (e) {
       if (!(e instanceof WebAssembly.RuntimeError)) throw e;
       this.traps += 1;
       console.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
-      this.recovering = loadModule(this.crypto).then((mod) => {
-        this.mod = mod;
-        this.inner = new mod.RelayCore(this.config, this.storage, this.seed);
-        this.recovering = null;
-      });
+      this.#recover();
       return fallback;
     }
   }
 
-  /** Waits for a recovery in progress, if any. */
-  async ready() {
-    if (this.recovering) await this.recovering;
+  /**
+   * Replaces a trapped instance with a fresh one over the same storage. The trapped one is
+   * dropped whole (never entered again, not even to free its objects: its memory goes with
+   * it). Then `onRecover` learns when the fresh instance wants its next tick, so a timer is
+   * armed whatever call trapped.
+   */
+  #recover() {
+    // Unregisters the object's finalizer (plain JS), so nothing frees it inside the trapped instance later.
+    this.inner.__destroy_into_raw?.();
+    this.mod = loadModule(this.crypto);
+    this.inner = new this.mod.RelayCore(this.config, this.storage, this.seed);
+    let at = -1;
+    try {
+      at = this.inner.nextWake();
+    } catch (e) {
+      if (!(e instanceof WebAssembly.RuntimeError)) throw e;
+      // The fresh instance cannot say: look again soon rather than never.
+      at = Date.now() + 1000;
+    }
+    this.onRecover?.(at);
   }
 
-  call(kind, value, method, params, now) {
-    return JSON.parse(this.guard((c) => c.call(kind, value, method, params, now), INTERNAL));
+  call(kind, value, origin, method, params, now) {
+    return JSON.parse(this.guard((c) => c.call(kind, value, origin, method, params, now), INTERNAL));
   }
   callValue(kind, value, method, params, now) {
     return this.guard((c) => c.callValue(kind, value, method, params, now), JSON.parse(INTERNAL));

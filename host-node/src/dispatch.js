@@ -37,25 +37,26 @@ export class Dispatch {
    * @param {string | null} token the bearer token, if any
    * @param {Record<string, string | string[] | undefined>} headers by lowercase name
    * @param {string} text the body
+   * @param {string | null} [origin] the peer's IP address (`req.socket.remoteAddress`)
    * @returns {Promise<Answer>}
    */
-  async request(space, method, token, headers, text) {
+  async request(space, method, token, headers, text, origin = null) {
     const relay = this.relay;
     // The core's own strict parser judges the body before the relay is called.
     const bad = relay.core.checkJson(text);
     if (bad) return bad;
     if (space === 'v1') {
       if (method.startsWith('admin.')) return { status: 404, body: errorBody('not_found', 'unknown method') };
-      return relay.callGrouped(token ? { kind: 'session', value: token } : { kind: 'anonymous' }, method, text);
+      return relay.callGrouped(token ? { kind: 'session', value: token, origin } : { kind: 'anonymous', origin }, method, text);
     }
     if (space === 'admin/v1') {
       if (token !== relay.adminToken) return { status: 401, body: errorBody('unauthenticated', 'operator token required') };
-      return relay.call({ kind: 'operator' }, `admin.${method}`, text);
+      return relay.call({ kind: 'operator', origin }, `admin.${method}`, text);
     }
     if (!RELAY_METHODS.has(method)) return { status: 404, body: errorBody('not_found', 'not a relay method') };
     const auth = await relay.authenticateRelay(headers, method, text);
     if (!auth.ok) return auth.reply;
-    return relay.callGrouped({ kind: 'relay', value: auth.source }, method, text);
+    return relay.callGrouped({ kind: 'relay', value: auth.source, origin }, method, text);
   }
 
   /**
@@ -68,14 +69,14 @@ export class Dispatch {
 
   /**
    * A WebSocket frame `{id, method, params}` from a session: the frame to answer with, and
-   * whether the session has ended (the socket then closes).
+   * whether the session has ended (the socket then closes). `origin` as for `request`.
    * @returns {{reply: string, ended: boolean}}
    */
-  frame(token, text) {
+  frame(token, text, origin = null) {
     const f = this.relay.core.parseFrame(text);
     const error = f.error ?? (f.method.startsWith('admin.') ? errorBody('not_found', 'unknown method').error : null);
     if (error) return { reply: JSON.stringify({ id: f.id, error }), ended: false };
-    const r = this.relay.call({ kind: 'session', value: token }, f.method, f.params);
+    const r = this.relay.call({ kind: 'session', value: token, origin }, f.method, f.params);
     const reply = JSON.stringify(r.status === 200 ? { id: f.id, result: r.body } : { id: f.id, error: r.body.error });
     return { reply, ended: r.status === 401 };
   }

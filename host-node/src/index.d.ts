@@ -29,11 +29,16 @@ export class SqliteStorage implements Storage {
   close(): void;
 }
 
+/**
+ * Who calls. `origin` is the network address the caller connected from (an IP address, no
+ * port; `serve` passes `req.socket.remoteAddress`): anonymous calls are also limited per
+ * address (policy `anonymous_rate`). Leave it out for an in-process caller.
+ */
 export type Caller =
-  | { kind: 'anonymous' }
-  | { kind: 'session'; value: string }
-  | { kind: 'relay'; value: string }
-  | { kind: 'operator' };
+  | { kind: 'anonymous'; origin?: string | null }
+  | { kind: 'session'; value: string; origin?: string | null }
+  | { kind: 'relay'; value: string; origin?: string | null }
+  | { kind: 'operator'; origin?: string | null };
 
 /** A method's answer: HTTP status and the result or `{error}` object. */
 export interface Reply {

@@ -40,19 +40,19 @@ function flush() {
 const asText = (r) => ({ status: r.status, body: typeof r.body === 'string' ? r.body : JSON.stringify(r.body) });
 
 const ops = {
-  request: async (space, method, token, headers, text) => {
+  request: async (space, method, token, headers, text, origin) => {
     // The core runs a call synchronously: the session is known to the verifier for exactly its span.
     if (preverified && space === 'v1' && method === 'message.send') preverified.sending = token;
     let answer;
     try {
-      answer = dispatch.request(space, method, token, headers, text);
+      answer = dispatch.request(space, method, token, headers, text, origin);
     } finally {
       if (preverified) preverified.sending = null;
     }
     return asText(await answer);
   },
   session: (token) => dispatch.session(token),
-  frame: (token, text) => dispatch.frame(token, text),
+  frame: (token, text, origin) => dispatch.frame(token, text, origin),
   stats: () => ({ coreCalls: relay.coreCalls, preverified: preverified?.hits ?? 0 }),
 };
 

@@ -52,8 +52,8 @@ export class RelayThread extends EventEmitter {
   }
 
   /** Same as `Dispatch.request`, answered by the thread; the body comes back as JSON text. */
-  request(space, method, token, headers, text) {
-    return this.#call('request', [space, method, token, headers, text], this.sessionKeys?.check(space, method, token, text) ?? null);
+  request(space, method, token, headers, text, origin = null) {
+    return this.#call('request', [space, method, token, headers, text, origin], this.sessionKeys?.check(space, method, token, text) ?? null);
   }
 
   /** Same as `Dispatch.session`. */
@@ -62,8 +62,8 @@ export class RelayThread extends EventEmitter {
   }
 
   /** Same as `Dispatch.frame`. */
-  frame(token, text) {
-    return this.#call('frame', [token, text]);
+  frame(token, text, origin = null) {
+    return this.#call('frame', [token, text, origin]);
   }
 
   /** Stops the relay on its thread (deliveries in flight finish, the storage closes), then the thread. */

@@ -57,17 +57,21 @@ export class Relay extends EventEmitter {
     this.inflight = new Set();
     this.peerKeys = new Map();
     this.coreCalls = 0;
+    // After a trap, whatever call it was, the fresh instance's next wake-up is armed.
+    core.onRecover = (at) => this.#schedule(at);
     this.#schedule(core.nextWake());
   }
 
   /**
-   * Calls a method. `caller` is `{kind: 'anonymous'|'session'|'relay'|'operator', value?}`.
+   * Calls a method. `caller` is `{kind: 'anonymous'|'session'|'relay'|'operator', value?, origin?}`;
+   * `origin` is the network address it connected from (the transports pass the peer's IP
+   * address), by which anonymous calls are limited too; none for an in-process caller.
    * @returns {{status: number, body: object}}
    */
   call(caller, method, params) {
     this.coreCalls += 1;
     const text = typeof params === 'string' ? params : JSON.stringify(params);
-    const r = this.core.call(caller.kind, caller.value ?? '', method, text, Date.now());
+    const r = this.core.call(caller.kind, caller.value ?? '', caller.origin ?? null, method, text, Date.now());
     this.#run(r.effects);
     return { status: r.status, body: r.body };
   }
@@ -80,7 +84,7 @@ export class Relay extends EventEmitter {
   async callGrouped(caller, method, params) {
     this.coreCalls += 1;
     const text = typeof params === 'string' ? params : JSON.stringify(params);
-    const r = await this.core.callGrouped(caller.kind, caller.value ?? '', method, text, Date.now());
+    const r = await this.core.callGrouped(caller.kind, caller.value ?? '', caller.origin ?? null, method, text, Date.now());
     this.#run(r.effects);
     return { status: r.status, body: r.body };
   }

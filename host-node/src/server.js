@@ -81,7 +81,8 @@ export async function serve(relay, listen = {}) {
       const text = body.toString('utf8');
       if (!Buffer.from(text, 'utf8').equals(body)) return send(res, 400, errorBody('invalid_params', 'invalid JSON: invalid UTF-8'));
       const [, space, method] = m;
-      const r = await front.request(space, method, bearer(req), space === 'relay/v1' ? relayHeaders(req.headers) : null, text);
+      // The peer's address as the socket reports it; the core reads IPv4-mapped IPv6 as IPv4.
+      const r = await front.request(space, method, bearer(req), space === 'relay/v1' ? relayHeaders(req.headers) : null, text, req.socket.remoteAddress ?? null);
       return send(res, r.status, r.body);
     } catch (e) {
       // The relay thread stopped with this request in it: its outcome is unknown, and a
@@ -107,6 +108,7 @@ export async function serve(relay, listen = {}) {
       socket.write('HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
       return socket.destroy();
     }
+    const origin = req.socket.remoteAddress ?? null;
     wss.handleUpgrade(req, socket, head, (ws) => {
       const { account, device_id: device, expires_at: expires } = s.info;
       const entry = { device, ws };
@@ -119,7 +121,7 @@ export async function serve(relay, listen = {}) {
         const text = data.toString('utf8');
         queue = queue.then(async () => {
           try {
-            const { reply, ended } = await front.frame(token, text);
+            const { reply, ended } = await front.frame(token, text, origin);
             ws.send(reply);
             if (ended) ws.close(4401, 'session ended');
           } catch (e) {

@@ -3,8 +3,11 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import v8 from 'node:v8';
+import vm from 'node:vm';
 import { createRelay, MemoryStorage, SqliteStorage } from '../src/index.js';
-import { register, message, texts, as } from './helpers.js';
+import { Identity } from '../pkg/relay_wasm.js';
+import { NET, register, message, texts, as, eventually } from './helpers.js';
 
 async function localDelivery(storage, opts = {}) {
   const relay = await createRelay({ relay: 'http://127.0.0.1:1', storage, ...opts });
@@ -108,11 +111,65 @@ test('a trap inside wasm answers internal and the relay goes on with a fresh ins
   const r = relay.call(as(alice), 'message.send', message(alice, bob, 'x'));
   assert.equal(r.status, 500);
   assert.equal(r.body.error.code, 'internal');
-  await relay.core.ready();
   assert.notEqual(relay.core.inner.call, real);
   assert.equal(relay.core.traps, 1);
   const ok = relay.call(as(alice), 'message.send', message(alice, bob, 'after the trap'));
   assert.equal(ok.body.status, 'target_accepted', JSON.stringify(ok.body));
   assert.deepEqual(texts(bob), ['after the trap']);
+  await relay.close();
+});
+
+/** Makes the relay's current core instance trap on its next call of `method`, as a Rust panic would. */
+function trapNext(relay, method) {
+  relay.core.inner[method] = () => {
+    throw new WebAssembly.RuntimeError('unreachable');
+  };
+}
+
+test('a trap during a tick leaves a timer armed: a delivery waiting for its retry goes on without any request', async () => {
+  const relay = await createRelay({ relay: 'http://127.0.0.1:1', policies: { retry_initial: 50, retry_max: 100 } });
+  const alice = register(relay);
+  // Bob's home relay is a port nobody listens on: every attempt fails and is retried by the timer.
+  const bob = new Identity();
+  const far = { id: bob, cert: bob.certificate(NET, 'send,sync,manage', Date.now() - 1000) };
+  const pub = relay.call({ kind: 'anonymous' }, 'route.publish', `{"route":${bob.route(NET, 'http://127.0.0.1:9', 1, Date.now())}}`);
+  assert.equal(pub.status, 200, JSON.stringify(pub.body));
+  let attempts = 0;
+  const exchange = relay.exchange.bind(relay);
+  relay.exchange = (...a) => {
+    attempts += 1;
+    return exchange(...a);
+  };
+  const sent = relay.call(as(alice), 'message.send', message(alice, far, 'retried'));
+  assert.equal(sent.body.status, 'delivering', JSON.stringify(sent.body));
+  await eventually(() => attempts >= 1);
+  trapNext(relay, 'tick');
+  await eventually(() => relay.core.traps === 1);
+  const after = attempts;
+  await eventually(() => attempts >= after + 2, 5000);
+  await relay.close();
+});
+
+test('recovery from a trap drops the trapped instance: its glue and wasm memory are garbage', async () => {
+  v8.setFlagsFromString('--expose-gc');
+  const gc = vm.runInNewContext('gc');
+  const relay = await createRelay({ relay: 'http://127.0.0.1:1' });
+  const alice = register(relay);
+  const bob = register(relay);
+  const old = { mod: new WeakRef(relay.core.mod), inner: new WeakRef(relay.core.inner) };
+  for (let i = 1; i <= 3; i++) {
+    trapNext(relay, 'call');
+    assert.equal(relay.call(as(alice), 'message.send', message(alice, bob, 'lost')).body.error.code, 'internal');
+    assert.equal(relay.core.traps, i);
+  }
+  // A WeakRef holds its target until the current job ends: collect between turns.
+  for (let i = 0; i < 20 && (old.mod.deref() || old.inner.deref()); i++) {
+    await new Promise((resolve) => setImmediate(resolve));
+    gc();
+  }
+  assert.equal(old.mod.deref(), undefined, 'the trapped module instance is still reachable');
+  assert.equal(old.inner.deref(), undefined, 'the trapped core object is still reachable');
+  assert.equal(relay.call(as(alice), 'message.send', message(alice, bob, 'kept')).body.status, 'target_accepted');
+  assert.deepEqual(texts(bob), ['kept']);
   await relay.close();
 });

@@ -85,6 +85,24 @@ for (const mode of MODES) {
     await a.srv.close();
   });
 
+  test(`a 4th anonymous call from one address within a minute gets 429 rate_limited with Retry-After; other calls go on (${mode})`, async () => {
+    const a = await served({ anonymous_rate: 3 }, mode);
+    // account.register and session.open are the address's first two anonymous calls.
+    const alice = await registerHttp(a.url);
+    const get = () => post(`${a.url}/v1/route.get`, { account: alice.id.accountId() });
+    assert.equal((await get()).status, 200, 'the third');
+    const res = await fetch(`${a.url}/v1/route.get`, { method: 'POST', body: JSON.stringify({ account: alice.id.accountId() }) });
+    assert.equal(res.status, 429);
+    assert.equal((await res.json()).error.code, 'rate_limited');
+    const retry = Number(res.headers.get('retry-after'));
+    assert.ok(Number.isInteger(retry) && retry >= 1 && retry <= 60, `Retry-After ${res.headers.get('retry-after')}`);
+    // The relay still answers: a session's call, and its well-known document.
+    const sync = await post(`${a.url}/v1/message.timeline.sync`, { after: 0 }, alice.session);
+    assert.equal(sync.status, 200, JSON.stringify(sync.body));
+    assert.equal((await fetch(`${a.url}/.well-known/relay`)).status, 200);
+    await a.srv.close();
+  });
+
   test(`oversize bodies get 413 and malformed JSON 400, before the core is called (${mode})`, async () => {
     const a = await served({ max_request_bytes: 1024 }, mode);
     const before = await coreCalls(a.relay);

@@ -94,7 +94,7 @@ async function register(hc) {
   const id = new Identity();
   const cert = id.certificate(NET, 'send,sync,manage', Date.now() - 1000);
   const route = id.route(NET, 'https://relay.test', 1, Date.now());
-  return JSON.parse(core.call('anonymous', '', 'account.register', `{"route":${route},"certificate":${cert},"discoverable":true}`, Date.now()));
+  return JSON.parse(core.call('anonymous', '', null, 'account.register', `{"route":${route},"certificate":${cert},"discoverable":true}`, Date.now()));
 }
 
 test('the core takes the host verdict: valid through the addon, mismatch refused, declined or throwing decided by the core', async () => {

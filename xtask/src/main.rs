@@ -87,7 +87,10 @@ fn build_component() -> Result<()> {
     Ok(())
 }
 
-/// Builds `relay-wasm` and generates the Node ES module into `host-node/pkg/`.
+/// Builds `relay-wasm` and generates the Node ES module into `host-node/pkg/`, and beside
+/// it the same core as a classic script (`relay_wasm_script.js`, wasm-bindgen's no-modules
+/// target), from which the Node host makes its core instances: each evaluation is an
+/// instance of its own that is garbage once dropped (an imported ES module never is).
 fn build_bindgen() -> Result<()> {
     let root = root();
     let target = build_wasm("relay-wasm")?;
@@ -102,6 +105,14 @@ fn build_bindgen() -> Result<()> {
         .nodejs_module(true)
         .map_err(|e| format!("wasm-bindgen: {e:#}"))?
         .typescript(true);
+    b.generate(&out)
+        .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
+    let mut b = wasm_bindgen_cli_support::Bindgen::new();
+    b.input_path(&stripped)
+        .out_name("relay_wasm_script")
+        .no_modules(true)
+        .map_err(|e| format!("wasm-bindgen: {e:#}"))?
+        .typescript(false);
     b.generate(&out)
         .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
     println!("{}", display(&out));
