@@ -253,6 +253,26 @@ fn effects_json(effects: &[Effect], out: &mut Vec<u8>) {
                 write_string(account, out);
                 out.extend_from_slice(format!(",\"latest_seq\":{latest_seq}}}").as_bytes());
             }
+            Effect::DeliveryEnded {
+                from,
+                message_id,
+                to,
+                status,
+                error_code,
+            } => {
+                out.extend_from_slice(b"{\"type\":\"delivery_ended\",\"from\":");
+                write_string(from, out);
+                out.extend_from_slice(b",\"message_id\":");
+                write_string(message_id, out);
+                out.extend_from_slice(b",\"to\":");
+                write_string(to, out);
+                out.extend_from_slice(format!(",\"status\":\"{status}\",\"error_code\":").as_bytes());
+                match error_code {
+                    Some(c) => write_string(c, out),
+                    None => out.extend_from_slice(b"null"),
+                }
+                out.push(b'}');
+            }
             Effect::EndDeviceSessions { account, device_id } => {
                 out.extend_from_slice(b"{\"type\":\"end_device_sessions\",\"account\":");
                 write_string(account, out);

@@ -152,6 +152,19 @@ mod guest {
                     account,
                     latest_seq,
                 }),
+                Effect::DeliveryEnded {
+                    from,
+                    message_id,
+                    to,
+                    status,
+                    error_code,
+                } => t::Effect::DeliveryEnded(t::DeliveryEnd {
+                    from,
+                    message_id,
+                    to,
+                    status: status.to_string(),
+                    error_code,
+                }),
                 Effect::EndDeviceSessions { account, device_id } => {
                     t::Effect::EndDeviceSessions(t::DeviceRef { account, device_id })
                 }

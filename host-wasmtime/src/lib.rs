@@ -142,6 +142,7 @@ impl App {
                 }
                 Effect::Notify(n) => self.hub.notify(&n.account, n.latest_seq),
                 Effect::EndDeviceSessions(d) => self.hub.end_device(&d.account, &d.device_id),
+                Effect::DeliveryEnded(_) => {}
             }
         }
     }

@@ -183,6 +183,7 @@ impl World {
                 Effect::EndDeviceSessions { account, device_id } => {
                     self.nodes[n].ended.push((account, device_id))
                 }
+                Effect::DeliveryEnded { .. } => {}
             }
         }
     }

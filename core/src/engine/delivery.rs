@@ -254,6 +254,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         target_accepted_at: Option<u64>,
         error: Option<ErrorRec>,
     ) -> Result<(), Error> {
+        self.effects.push(Effect::DeliveryEnded {
+            from: t.from.clone(),
+            message_id: t.message_id.clone(),
+            to: t.to.clone(),
+            status: status.as_str(),
+            error_code: error.as_ref().map(|e| e.code.clone()),
+        });
         match status {
             Status::TargetAccepted => self.counts.delivered += 1,
             _ => {

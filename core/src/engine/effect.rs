@@ -38,6 +38,15 @@ pub enum Effect {
     Notify { account: String, latest_seq: u64 },
     /// Close this device's sessions and WebSockets (it was revoked).
     EndDeviceSessions { account: String, device_id: String },
+    /// A delivery this relay was responsible for ended (for the host's log and metrics):
+    /// `status` is `target_accepted` or `failed`, `error_code` the failure's code.
+    DeliveryEnded {
+        from: String,
+        message_id: String,
+        to: String,
+        status: &'static str,
+        error_code: Option<String>,
+    },
 }
 
 /// What became of one `Effect::Send`.
