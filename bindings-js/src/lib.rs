@@ -266,7 +266,9 @@ fn effects_json(effects: &[Effect], out: &mut Vec<u8>) {
                 write_string(message_id, out);
                 out.extend_from_slice(b",\"to\":");
                 write_string(to, out);
-                out.extend_from_slice(format!(",\"status\":\"{status}\",\"error_code\":").as_bytes());
+                out.extend_from_slice(
+                    format!(",\"status\":\"{status}\",\"error_code\":").as_bytes(),
+                );
                 match error_code {
                     Some(c) => write_string(c, out),
                     None => out.extend_from_slice(b"null"),
