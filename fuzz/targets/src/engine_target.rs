@@ -204,6 +204,8 @@ struct Sim<'a> {
     m: Input<'a>,
     /// The fixture's time, which traces count from.
     start: u64,
+    /// The network address the current call comes from (`None`: from inside the host).
+    origin: Option<String>,
     /// The operations' chunks not read yet.
     program: std::slice::Chunks<'a, u8>,
     nodes: Vec<Node>,
@@ -252,6 +254,7 @@ impl<'a> Sim<'a> {
         Sim {
             m: Input::new(&[]),
             start: fx.now,
+            origin: None,
             program: program.chunks(CHUNK),
             nodes,
             now: fx.now,
@@ -413,6 +416,13 @@ impl<'a> Sim<'a> {
                 Effect::EndDeviceSessions { account, device_id } => {
                     AccountId::parse(account).expect("end sessions names an account");
                     DeviceId::parse(device_id).expect("end sessions names a device");
+                }
+                Effect::DeliveryEnded {
+                    from, to, status, ..
+                } => {
+                    AccountId::parse(from).expect("an ended delivery names its sender");
+                    AccountId::parse(to).expect("an ended delivery names its recipient");
+                    assert!(matches!(*status, "target_accepted" | "failed"), "{status}");
                 }
             }
         }
@@ -657,6 +667,13 @@ impl<'a> Sim<'a> {
             10 => self.now + u64::from(self.m.u32()),
             _ => self.m.u64() % (MAX_SAFE_INTEGER + 1),
         };
+        self.origin = match self.m.choose(8) {
+            0..=4 => None,
+            5 | 6 => Some(
+                ["192.0.2.1", "2001:db8::7", "[::ffff:192.0.2.1]"][self.m.choose(3)].to_string(),
+            ),
+            _ => Some(String::from_utf8_lossy(self.m.bytes(16)).into_owned()),
+        };
         let repeat = self.m.chance(35);
         let r = self.call(
             req.node,
@@ -680,6 +697,7 @@ impl<'a> Sim<'a> {
             );
             same_answer(&req.method, &r, &again);
         }
+        self.origin = None;
     }
 
     /// What the client learns from an accepted call.
@@ -731,7 +749,10 @@ impl<'a> Sim<'a> {
         envelope: Option<(String, String, String)>,
     ) -> Response {
         let before = self.nodes[n].store.snapshot();
-        let r = self.nodes[n].engine.call(caller, method, params, now);
+        let origin = self.origin.clone();
+        let r = self.nodes[n]
+            .engine
+            .call_from(caller, origin.as_deref(), method, params, now);
         if trace() {
             let code = r.result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok");
             eprintln!(
@@ -1607,9 +1628,17 @@ fn same_answer(method: &str, first: &Response, again: &Response) {
             "{method}: an identical repeat answered differently"
         ),
         (Ok(_), Err(e)) => {
-            // Revoking the caller's own device ends its session.
-            let allowed = (!strict && e.code == ErrorCode::RateLimited)
-                || (method == "device.revoke" && e.code == ErrorCode::Unauthenticated);
+            // Revoking the caller's own device ends its session, and registering a new
+            // certificate for it may take away its `manage` permission or its validity.
+            let own_device = match method {
+                "device.revoke" => e.code == ErrorCode::Unauthenticated,
+                "device.register" => matches!(
+                    e.code,
+                    ErrorCode::Unauthenticated | ErrorCode::PermissionDenied
+                ),
+                _ => false,
+            };
+            let allowed = (!strict && e.code == ErrorCode::RateLimited) || own_device;
             assert!(
                 allowed,
                 "{method}: accepted, then an identical repeat answered {e}"
