@@ -333,10 +333,11 @@ impl RelayCore {
             commit: method(&storage, "commit")?,
             obj: storage,
         };
-        Ok(RelayCore {
-            engine: Engine::new(config, store, JsEntropy),
-            seed,
-        })
+        let mut engine = Engine::new(config, store, JsEntropy);
+        // The store's schema version first: a store written by a newer relay is refused
+        // here, with the core's message, before anything reads it.
+        engine.open_store().map_err(|e| JsValue::from_str(&e))?;
+        Ok(RelayCore { engine, seed })
     }
 
     /// Calls a method; `callerKind` is `anonymous`, `session`, `relay` or `operator`;
@@ -403,9 +404,37 @@ impl RelayCore {
         effects_string(&self.engine.outcome(task, attempt, outcome, now as u64))
     }
 
-    /// Runs what is due; returns effects JSON.
+    /// Runs what is due; returns JSON `{"effects": [...]}`, with `"quarantined": [...]` (the
+    /// entries this tick set aside: `{entry, code, message, at}`) when there were any, and
+    /// `"error": "code: message"` when the tick could not commit.
     pub fn tick(&mut self, now: f64) -> String {
-        effects_string(&self.engine.try_tick(now as u64).effects)
+        let r = self.engine.try_tick(now as u64);
+        let mut out = Vec::with_capacity(128);
+        out.extend_from_slice(b"{\"effects\":");
+        effects_json(&r.effects, &mut out);
+        match &r.result {
+            Ok(v) => {
+                if let Some(q) = v.as_object().and_then(|o| o.get("quarantined")) {
+                    out.extend_from_slice(b",\"quarantined\":");
+                    out.extend_from_slice(&canonical::to_vec(q));
+                }
+            }
+            Err(e) => {
+                out.extend_from_slice(b",\"error\":");
+                write_string(&format!("{}: {}", e.code.as_str(), e.message), &mut out);
+            }
+        }
+        out.push(b'}');
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// What the engine counted since this instance started, and the pending deliveries per
+    /// destination, in the Prometheus text exposition format (0.0.4); throws on a storage error.
+    pub fn metrics(&mut self) -> Result<String, JsValue> {
+        self.engine
+            .metrics()
+            .map(|m| m.to_prometheus())
+            .map_err(|e| JsValue::from_str(&e.to_string()))
     }
 
     /// When the engine next wants a tick (ms), or -1.
