@@ -1,25 +1,38 @@
-// `relay-node serve`: the same flags as the wasmtime host's `relay serve`.
+// `relay-node serve`: the same flags as the wasmtime host's `relay serve`; `relay-node admin`:
+// the operator's calls to a running relay, over its admin listener.
 
 import fs from 'node:fs';
+import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { createRelay } from './relay.js';
-import { serve } from './server.js';
+import { serve, parseAddr } from './server.js';
 import { RelayThread } from './relay-thread.js';
+import { Log, messageOf } from './log.js';
 
 const USAGE = `relay-node serve [--listen ADDR] [--url URL] [--data DIR | --memory] [--network NAME]
-                 [--policy NAME=VALUE]... [--attempt-timeout MS] [--config FILE]`;
+                 [--policy NAME=VALUE]... [--attempt-timeout MS] [--admin-listen ADDR]
+                 [--log-format text|json] [--config FILE]
+relay-node admin [--data DIR] [--admin-url URL] deliveries [pending|failed]
+relay-node admin [--data DIR] [--admin-url URL] backup FILE
+relay-node admin [--data DIR] [--admin-url URL] metrics`;
 
-/** Reads a TOML config: `listen`, `url`, `data`, `memory`, `network`, and a `[policy]` table. */
+/** Reads a TOML config: `listen`, `url`, `data`, `memory`, `network`, `admin_listen`, `log_format`, and a `[policy]` table. */
 export function readConfig(text) {
   const c = parseToml(text);
-  const known = new Set(['listen', 'url', 'data', 'memory', 'network', 'component', 'attempt_timeout', 'policy']);
+  const known = new Set(['listen', 'url', 'data', 'memory', 'network', 'component', 'attempt_timeout', 'admin_listen', 'log_format', 'policy']);
   for (const k of Object.keys(c)) if (!known.has(k)) throw new Error(`config: unknown key ${k}`);
   return { ...c, policy: c.policy ?? {} };
 }
 
+/** @param {string} v */
+function logFormat(v) {
+  if (v !== 'text' && v !== 'json') throw new Error(`--log-format takes text or json, not ${v}`);
+  return v;
+}
+
 /** Turns argv into settings. */
 export function parseArgs(argv) {
-  const s = { listen: '127.0.0.1:8080', url: null, data: '.relay', network: 'dev', policies: {} };
+  const s = { listen: '127.0.0.1:8080', url: null, data: '.relay', network: 'dev', policies: {}, adminListen: '127.0.0.1:0', logFormat: 'text' };
   const rest = [...argv];
   const take = (flag) => {
     const v = rest.shift();
@@ -32,6 +45,8 @@ export function parseArgs(argv) {
     for (const k of ['listen', 'url', 'data', 'network']) if (c[k] !== undefined) s[k] = c[k];
     if (c.memory === true) s.data = null;
     if (c.attempt_timeout !== undefined) s.attemptTimeout = Number(c.attempt_timeout);
+    if (c.admin_listen !== undefined) s.adminListen = String(c.admin_listen);
+    if (c.log_format !== undefined) s.logFormat = logFormat(c.log_format);
     Object.assign(s.policies, c.policy);
   }
   while (rest.length) {
@@ -42,6 +57,8 @@ export function parseArgs(argv) {
     else if (a === '--memory') s.data = null;
     else if (a === '--network') s.network = take(a);
     else if (a === '--config') take(a);
+    else if (a === '--admin-listen') s.adminListen = take(a);
+    else if (a === '--log-format') s.logFormat = logFormat(take(a));
     else if (a === '--attempt-timeout') {
       const v = take(a);
       if (!/^\d+$/.test(v)) throw new Error('--attempt-timeout takes milliseconds');
@@ -53,36 +70,109 @@ export function parseArgs(argv) {
       s.policies[k.trim()] = Number(v.trim());
     } else throw new Error(`unknown flag ${a}\n${USAGE}`);
   }
+  parseAddr(s.adminListen);
   return s;
+}
+
+/**
+ * `relay-node admin` arguments: the data directory (admin.token, admin.url), an admin URL
+ * that overrides admin.url (`--admin-url`, or `--url` as `relay admin` spells it), and the command.
+ * @param {string[]} argv
+ * @returns {{data: string, adminUrl: string | null, command: string[]}}
+ */
+export function parseAdminArgs(argv) {
+  const s = { data: '.relay', adminUrl: null, command: [] };
+  const rest = [...argv];
+  while (rest.length) {
+    const a = rest.shift();
+    if (a === '--data' || a === '--admin-url' || a === '--url') {
+      const v = rest.shift();
+      if (v === undefined) throw new Error(`${a} needs a value`);
+      if (a === '--data') s.data = v;
+      else s.adminUrl = v.replace(/\/+$/, '');
+    } else if (a.startsWith('--')) throw new Error(`unknown flag ${a}\n${USAGE}`);
+    else s.command.push(a);
+  }
+  const [what, ...args] = s.command;
+  const ok =
+    (what === 'deliveries' && args.length <= 1 && (args.length === 0 || ['pending', 'failed'].includes(args[0]))) ||
+    (what === 'backup' && args.length === 1) ||
+    (what === 'metrics' && args.length === 0);
+  if (!ok) throw new Error(USAGE);
+  return s;
+}
+
+/** Runs `relay-node admin ...` against the relay whose data directory is given. @returns {Promise<number>} */
+async function admin(argv) {
+  const s = parseAdminArgs(argv);
+  const token = fs.readFileSync(path.join(s.data, 'admin.token'), 'utf8').trim();
+  let base = s.adminUrl;
+  if (!base) {
+    try {
+      base = fs.readFileSync(path.join(s.data, 'admin.url'), 'utf8').trim();
+    } catch (e) {
+      throw new Error(`${path.join(s.data, 'admin.url')}: ${e.code === 'ENOENT' ? 'missing (is the relay running? --admin-url URL names its admin listener)' : e.message}`);
+    }
+  }
+  const [what, arg] = s.command;
+  let res;
+  if (what === 'metrics') {
+    res = await fetch(`${base}/metrics`);
+  } else {
+    const params = what === 'backup' ? { path: path.resolve(arg) } : arg ? { state: arg } : {};
+    res = await fetch(`${base}/admin/v1/${what}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+      body: JSON.stringify(params),
+    });
+  }
+  const text = await res.text();
+  if (res.ok) {
+    process.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
+    return 0;
+  }
+  process.stderr.write(`relay-node admin ${what}: status ${res.status}: ${text}\n`);
+  return 1;
 }
 
 export async function main(argv) {
   const [cmd, ...args] = argv;
+  if (cmd === 'admin') return admin(args);
   if (cmd !== 'serve') {
     console.error(USAGE);
     return 2;
   }
   const s = parseArgs(args);
-  const [host, port] = s.listen.split(/:(?=\d+$)/);
+  const log = new Log({ format: s.logFormat });
+  const { host, port } = parseAddr(s.listen);
   const url = s.url ?? `http://${s.listen}`;
   const engine = s.attemptTimeout !== undefined ? { attempt_timeout: s.attemptTimeout } : undefined;
-  const opts = { relay: url, network: s.network, policies: s.policies, data: s.data ?? undefined, engine };
+  const opts = { relay: url, network: s.network, policies: s.policies, data: s.data ?? undefined, engine, adminListen: s.adminListen, logFormat: s.logFormat };
   // The relay runs on a thread of its own and this one carries HTTP and WebSocket, so the
   // two overlap; RELAY_NODE_THREAD=0 runs both on this thread (to measure what it pays).
   let relay;
-  if (process.env.RELAY_NODE_THREAD === '0') {
-    relay = await createRelay(opts);
-  } else {
-    relay = await RelayThread.start(opts);
-    relay.on('lost', (e) => {
-      console.error(`relay-node: ${e.message}; stopping`);
-      process.exit(1);
-    });
+  try {
+    if (process.env.RELAY_NODE_THREAD === '0') {
+      relay = await createRelay({ ...opts, log });
+    } else {
+      relay = await RelayThread.start({ ...opts, log });
+      relay.on('lost', (e) => {
+        log.error(`relay-node: ${e.message}; stopping`);
+        process.exit(1);
+      });
+    }
+  } catch (e) {
+    log.error(`relay-node: cannot start: ${messageOf(e)}`);
+    return 1;
   }
-  const srv = await serve(relay, { host, port: Number(port) });
-  console.log(`relay-node listening on ${host}:${srv.port} as ${url}`);
+  const srv = await serve(relay, { host, port });
+  if (s.logFormat === 'json') console.log(JSON.stringify({ ts: new Date().toISOString(), level: 'info', msg: 'listening', listen: `${host}:${srv.port}`, url, admin_url: srv.adminUrl }));
+  else console.log(`relay-node listening on ${host}:${srv.port} as ${url} (admin ${srv.adminUrl})`);
+  let stopping = false;
   const stop = async () => {
-    console.error('shutting down: finishing in-flight requests');
+    if (stopping) return;
+    stopping = true;
+    log.info('shutting down: finishing in-flight requests');
     await srv.close();
     process.exit(0);
   };

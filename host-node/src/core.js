@@ -7,6 +7,7 @@
 import fs from 'node:fs';
 import vm from 'node:vm';
 import { hostCrypto } from './native.js';
+import { Log, messageOf } from './log.js';
 
 /** The core as a classic script (wasm-bindgen's no-modules target): each run of it is an instance of its own. */
 const SCRIPT = new URL('../pkg/relay_wasm_script.js', import.meta.url);
@@ -57,16 +58,36 @@ const INTERNAL = JSON.stringify({
  * @property {(writes: Array<[Uint8Array, Uint8Array | null]>) => void} commit
  */
 
+/**
+ * A fresh `RelayCore` over the storage. The core checks the store's schema version first; a
+ * store written by a newer relay (or one it cannot read) throws an Error with its message.
+ */
+function instance(mod, config, storage, seed) {
+  try {
+    return new mod.RelayCore(config, storage, seed);
+  } catch (e) {
+    if (e instanceof WebAssembly.RuntimeError) throw e;
+    throw new Error(messageOf(e));
+  }
+}
+
 export class Core {
-  /** @param {object} mod @param {string} config @param {Storage} storage @param {Uint8Array} seed @param {object | null} crypto */
-  constructor(mod, config, storage, seed, crypto) {
+  /**
+   * @param {object} mod @param {string} config @param {Storage} storage @param {Uint8Array} seed @param {object | null} crypto
+   * @param {{metrics?: import('./metrics.js').RelayMetrics | null, log?: Log}} [host] where traps, restarts and commits are counted and logged
+   */
+  constructor(mod, config, storage, seed, crypto, host = {}) {
     this.mod = mod;
     this.crypto = crypto;
     this.config = config;
     this.storage = storage;
     this.seed = seed;
     this.traps = 0;
-    this.inner = new mod.RelayCore(config, storage, seed);
+    this.metrics = host.metrics ?? null;
+    this.log = host.log ?? new Log();
+    this.inner = instance(mod, config, storage, seed);
+    /** False from a trap until a fresh instance stands (for /readyz). */
+    this.healthy = true;
     /** Called with the fresh instance's next wake-up (ms, or -1) after each recovery from a trap. */
     this.onRecover = null;
     /** Answers of the open commit group, released after its flush: `[reply, resolve]`. */
@@ -98,11 +119,13 @@ export class Core {
     if (!group) return;
     this.group = null;
     let durable = true;
+    const started = performance.now();
     try {
-      this.storage.flush();
+      // A group that wrote nothing commits nothing, and is not counted.
+      if (this.storage.flush()) this.metrics?.commit(group.length, (performance.now() - started) / 1000);
     } catch (e) {
       durable = false;
-      console.error(`group commit of ${group.length} calls failed: ${e.message}`);
+      this.log.error(`group commit of ${group.length} calls failed: ${messageOf(e)}`);
     }
     for (const [reply, resolve] of group) resolve(durable ? reply : JSON.parse(INTERNAL));
   }
@@ -111,8 +134,8 @@ export class Core {
    * @param {string} config @param {Storage} storage @param {Uint8Array} seed
    * @param {object | null} [crypto] the host crypto to offer the core (default: the native addon's)
    */
-  static async create(config, storage, seed, crypto = hostCrypto()) {
-    return new Core(loadModule(crypto), config, storage, seed, crypto);
+  static async create(config, storage, seed, crypto = hostCrypto(), host = {}) {
+    return new Core(loadModule(crypto ?? null), config, storage, seed, crypto ?? null, host);
   }
 
   /** Runs `f` against the instance, after committing any open group (so its answer and effects never precede a commit). */
@@ -128,7 +151,9 @@ export class Core {
     } catch (e) {
       if (!(e instanceof WebAssembly.RuntimeError)) throw e;
       this.traps += 1;
-      console.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
+      this.healthy = false;
+      this.metrics?.traps.inc();
+      this.log.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
       this.#recover();
       return fallback;
     }
@@ -144,7 +169,9 @@ export class Core {
     // Unregisters the object's finalizer (plain JS), so nothing frees it inside the trapped instance later.
     this.inner.__destroy_into_raw?.();
     this.mod = loadModule(this.crypto);
-    this.inner = new this.mod.RelayCore(this.config, this.storage, this.seed);
+    this.inner = instance(this.mod, this.config, this.storage, this.seed);
+    this.healthy = true;
+    this.metrics?.restarts.inc();
     let at = -1;
     try {
       at = this.inner.nextWake();
@@ -165,8 +192,26 @@ export class Core {
   outcome(task, attempt, kind, body, now) {
     return JSON.parse(this.guard((c) => c.outcome(task, attempt, kind, body, now), '[]'));
   }
+  /**
+   * Runs what is due: the effects, the entries the tick set aside (if any), and why it could
+   * not commit (if it could not).
+   * @returns {{effects: object[], quarantined?: Array<{entry: string, code: string, message: string, at: number}>, error?: string}}
+   */
   tick(now) {
-    return JSON.parse(this.guard((c) => c.tick(now), '[]'));
+    return JSON.parse(this.guard((c) => c.tick(now), '{"effects":[]}'));
+  }
+  /**
+   * The core's counters and pending deliveries in the Prometheus text format ('' when the
+   * instance trapped); throws an Error when the storage fails.
+   * @returns {string}
+   */
+  metricsText() {
+    try {
+      return this.guard((c) => c.metrics(), '');
+    } catch (e) {
+      if (typeof e === 'string') throw new Error(e);
+      throw e;
+    }
   }
   nextWake() {
     return this.guard((c) => c.nextWake(), -1);

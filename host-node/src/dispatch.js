@@ -1,6 +1,9 @@
 // What the transports ask of a relay, answered by a relay on this thread: the one place
 // both the in-process server and the relay thread (relay-thread.js) route requests.
 
+import crypto from 'node:crypto';
+import { messageOf } from './log.js';
+
 const RELAY_METHODS = new Set(['message.deliver', 'route.get', 'route.publish', 'device.list']);
 
 /** The error body of protocol.md §4. */
@@ -14,6 +17,18 @@ export function errorBody(code, message) {
  * @property {string | object} body
  */
 
+/**
+ * Whether `token` is the operator token, in constant time: both are hashed first, so the
+ * comparison runs over equal-length buffers whatever was sent.
+ * @param {string | null} token @param {string} expected
+ */
+export function isOperator(token, expected) {
+  if (token === null || token === undefined) return false;
+  const a = crypto.createHash('sha256').update(token).digest();
+  const b = crypto.createHash('sha256').update(expected).digest();
+  return crypto.timingSafeEqual(a, b);
+}
+
 /** Routes transport requests to a `Relay` on the calling thread. */
 export class Dispatch {
   /** @param {import('./relay.js').Relay} relay */
@@ -22,6 +37,9 @@ export class Dispatch {
     this.maxRequestBytes = relay.maxRequestBytes;
     /** `/.well-known/relay`: fixed by the configuration and the relay key for the relay's life. */
     this.wellKnown = relay.wellKnown();
+    this.data = relay.data;
+    this.adminListen = relay.adminListen;
+    this.log = relay.log;
   }
 
   /** Listens to the relay's `notify` and `end_device_sessions` events. */
@@ -31,7 +49,8 @@ export class Dispatch {
   }
 
   /**
-   * A POST to `/{space}/{method}` whose body passed the size and UTF-8 checks.
+   * A POST to `/{space}/{method}` whose body passed the size and UTF-8 checks (`admin/v1`
+   * comes only from the admin listener).
    * @param {'v1'|'admin/v1'|'relay/v1'} space
    * @param {string} method
    * @param {string | null} token the bearer token, if any
@@ -50,7 +69,8 @@ export class Dispatch {
       return relay.callGrouped(token ? { kind: 'session', value: token, origin } : { kind: 'anonymous', origin }, method, text);
     }
     if (space === 'admin/v1') {
-      if (token !== relay.adminToken) return { status: 401, body: errorBody('unauthenticated', 'operator token required') };
+      if (!isOperator(token, relay.adminToken)) return { status: 401, body: errorBody('unauthenticated', 'operator token required') };
+      if (method === 'backup') return this.backup(text);
       return relay.call({ kind: 'operator', origin }, `admin.${method}`, text);
     }
     if (!RELAY_METHODS.has(method)) return { status: 404, body: errorBody('not_found', 'not a relay method') };
@@ -79,6 +99,33 @@ export class Dispatch {
     const r = this.relay.call({ kind: 'session', value: token, origin }, f.method, f.params);
     const reply = JSON.stringify(r.status === 200 ? { id: f.id, result: r.body } : { id: f.id, error: r.body.error });
     return { reply, ended: r.status === 401 };
+  }
+
+  /**
+   * `POST /admin/v1/backup {"path": FILE}`: a consistent copy of the running relay's
+   * database at FILE (absolute, new, created 0600).
+   * @param {string} text
+   * @returns {Promise<Answer>}
+   */
+  async backup(text) {
+    const p = JSON.parse(text);
+    if (typeof p.path !== 'string' || Object.keys(p).some((k) => k !== 'path')) return { status: 400, body: errorBody('invalid_params', 'backup takes {"path": FILE}') };
+    try {
+      return { status: 200, body: await this.relay.backup(p.path) };
+    } catch (e) {
+      this.log.warn(`backup to ${p.path} failed: ${messageOf(e)}`);
+      return { status: 400, body: errorBody('invalid_params', `backup failed: ${messageOf(e)}`) };
+    }
+  }
+
+  /** Whether the relay can serve (/readyz). @returns {{ready: boolean, reason?: string}} */
+  ready() {
+    return this.relay.ready();
+  }
+
+  /** The core's and the relay's metrics, Prometheus text. @returns {Promise<string>} */
+  metrics() {
+    return this.relay.metricsText();
   }
 
   /** Stops the relay: timers, deliveries in flight, the storage. */

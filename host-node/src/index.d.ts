@@ -1,6 +1,47 @@
 import { EventEmitter } from 'node:events';
 import { Server } from 'node:http';
 
+/** Log levels, as RELAY_LOG names them. */
+export type LogLevel = 'error' | 'warn' | 'info' | 'debug';
+/** `text` lines, or one JSON object per line. */
+export type LogFormat = 'text' | 'json';
+/** Extra fields of a log line. */
+export type LogFields = Record<string, string | number | boolean | null | undefined | object>;
+
+/**
+ * A relay's log. In `json`, every line is `{ts, level, msg, ...fields}`, and each accepted
+ * message and each terminal delivery outcome is a line of its own (ids only):
+ * `{event: 'accepted', method, message_id, from, to, status}` and
+ * `{event: 'delivery_ended', message_id, from, to, status, error_code}`. In `text` those
+ * come at debug only.
+ */
+export class Log {
+  /** `level` defaults to RELAY_LOG (else info); `write` gets each line without its newline (default: stderr). */
+  constructor(opts?: { format?: LogFormat; level?: LogLevel; write?: (line: string) => void });
+  readonly format: LogFormat;
+  /** Whether per-message events are written. */
+  readonly events: boolean;
+  error(msg: string, fields?: LogFields): void;
+  warn(msg: string, fields?: LogFields): void;
+  info(msg: string, fields?: LogFields): void;
+  debug(msg: string, fields?: LogFields): void;
+  event(e: { event: string } & LogFields): void;
+}
+
+/** Whether a relay can serve (`/readyz`), and why not. */
+export interface Readiness {
+  ready: boolean;
+  reason?: string;
+}
+
+/** What a backup wrote. */
+export interface BackupResult {
+  /** The file (absolute). */
+  path: string;
+  /** SQLite pages copied. */
+  pages: number;
+}
+
 /** Storage the core runs on: synchronous, ordered, atomic batches. */
 export interface Storage {
   /** The value at `key`, or null. */
@@ -10,6 +51,10 @@ export interface Storage {
   /** Applies every write (null deletes) or none, durably, before returning. */
   commit(writes: Array<[Uint8Array, Uint8Array | null]>): void;
   close?(): void;
+  /** False once the storage is closed (`/readyz`); absent means open. */
+  readonly isOpen?: boolean;
+  /** Copies the store to a new file (created 0600) while it is in use; needed for `admin backup`. */
+  backup?(file: string): Promise<BackupResult>;
 }
 
 export class MemoryStorage implements Storage {
@@ -27,6 +72,15 @@ export class SqliteStorage implements Storage {
   scan(start: Uint8Array, end: Uint8Array, limit: number): Array<[Uint8Array, Uint8Array]>;
   commit(writes: Array<[Uint8Array, Uint8Array | null]>): void;
   close(): void;
+  readonly isOpen: boolean;
+  /**
+   * A consistent copy of the database at `file` (which must not exist; created 0600) with
+   * SQLite's online backup API, while the relay goes on: commits made during the copy are
+   * carried into it, so it holds exactly what was committed when it ends.
+   */
+  backup(file: string): Promise<BackupResult>;
+  /** Told of each commit made outside a commit group: `(1, seconds)`. */
+  onCommit: ((size: number, seconds: number) => void) | null;
 }
 
 /**
@@ -59,12 +113,22 @@ export interface RelayOptions {
   data?: string;
   /** Engine tunables. */
   engine?: { attempt_timeout?: number; max_in_flight_per_destination?: number };
+  /** Where `serve` puts the admin listener (admin API, /metrics, /healthz, /readyz), `HOST:PORT`. Default `127.0.0.1:0`. */
+  adminListen?: string;
+  /** Default `text`. */
+  logFormat?: LogFormat;
+  /** A log of the caller's, instead of one made from `logFormat` (a relay thread makes its own from `log.format`). */
+  log?: Log;
 }
 
 export class Relay extends EventEmitter {
   readonly relay: string;
   readonly network: string;
   readonly adminToken: string;
+  /** The data directory, if any (where `serve` writes `admin.url`). */
+  readonly data: string | null;
+  readonly adminListen: string;
+  readonly log: Log;
   /** Calls that entered the core. */
   readonly coreCalls: number;
   /** Calls a method of protocol.md §4 in-process. */
@@ -75,6 +139,12 @@ export class Relay extends EventEmitter {
   session(token: string): { ok: true; info: { account: string; device_id: string; expires_at: number } } | { ok: false; reply: Reply };
   /** This relay's /.well-known/relay document. */
   wellKnown(): string;
+  /** Storage open, core instance healthy, not shutting down. */
+  ready(): Readiness;
+  /** The core's counters and pending deliveries, then the host's metrics (attempts, commits, ticks, traps, restarts), Prometheus text. */
+  metricsText(): Promise<string>;
+  /** A consistent copy of the running relay's SQLite database at `file` (absolute, new, created 0600). */
+  backup(file: string): Promise<BackupResult>;
   /** Stops timers, waits for deliveries in flight, closes the storage. */
   close(): Promise<void>;
   on(event: 'notify', listener: (n: { account: string; latest_seq: number }) => void): this;
@@ -93,8 +163,16 @@ export class RelayThread extends EventEmitter {
   /** This relay's /.well-known/relay document. */
   readonly wellKnown: string;
   readonly maxRequestBytes: number;
+  readonly data: string | null;
+  readonly adminListen: string;
+  /** This thread's log (the relay thread logs in the same format). */
+  readonly log: Log;
   /** Counters of the relay on the thread. */
   stats(): Promise<{ coreCalls: number; preverified: number }>;
+  /** As `Relay.ready`, asked of the thread; not ready once the thread is gone or closing. */
+  ready(): Promise<Readiness>;
+  /** As `Relay.metricsText`, asked of the thread at each call (the figures live there). */
+  metrics(): Promise<string>;
   /** Stops the relay on its thread (deliveries in flight finish, the storage closes), then the thread. */
   close(): Promise<void>;
   on(event: 'notify', listener: (n: { account: string; latest_seq: number }) => void): this;
@@ -103,5 +181,22 @@ export class RelayThread extends EventEmitter {
   on(event: 'lost', listener: (e: Error & { code: 'RELAY_THREAD_LOST' }) => void): this;
 }
 
-/** Serves a relay (on this thread, or a relay thread) over HTTP, WebSocket and relay RPC on one port. */
-export function serve(relay: Relay | RelayThread, listen?: { host?: string; port?: number }): Promise<{ server: Server; port: number; close(): Promise<void> }>;
+/** What `serve` started. */
+export interface Served {
+  /** The public listener: HTTP, WebSocket, relay RPC, /.well-known/relay, /healthz, /readyz. */
+  server: Server;
+  port: number;
+  /** The admin listener: `POST /admin/v1/{method}` (operator token), `GET /metrics`, /healthz, /readyz. */
+  admin: Server;
+  /** Its base URL, e.g. `http://127.0.0.1:43121` (also in `DATA/admin.url` when the relay has a data directory). */
+  adminUrl: string;
+  /** Stops both listeners (/readyz answers 503 from the start), then the relay. */
+  close(): Promise<void>;
+}
+
+/**
+ * Serves a relay (on this thread, or a relay thread) over HTTP, WebSocket and relay RPC on
+ * one port, and its admin listener on another (`admin`, else the relay's `adminListen`,
+ * else `127.0.0.1:0`).
+ */
+export function serve(relay: Relay | RelayThread, listen?: { host?: string; port?: number; admin?: string }): Promise<Served>;

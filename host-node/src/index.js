@@ -4,3 +4,4 @@ export { createRelay, Relay } from './relay.js';
 export { serve } from './server.js';
 export { MemoryStorage, SqliteStorage } from './storage.js';
 export { RelayThread } from './relay-thread.js';
+export { Log } from './log.js';

@@ -11,6 +11,7 @@ import { createRelay } from './relay.js';
 import { Dispatch } from './dispatch.js';
 import { addon, hostCrypto } from './native.js';
 import { Preverified, preverifying } from './preverify.js';
+import { Log } from './log.js';
 
 // Envelopes the main thread verified are answered from memory (preverify.js); the main
 // thread learns each session's key from the core's own verifications here.
@@ -19,7 +20,8 @@ const base = hostCrypto();
 const preverified = preverifying(native) && base?.verifyEd25519 ? new Preverified(native, (token, key) => parentPort.postMessage({ learn: [token, key] })) : null;
 const crypto = preverified ? { ...base, verifyEd25519: preverified.wrap(base.verifyEd25519) } : undefined;
 
-const relay = await createRelay({ ...workerData, crypto });
+const log = new Log({ format: workerData.logFormat ?? 'text' });
+const relay = await createRelay({ ...workerData, crypto, log });
 const dispatch = new Dispatch(relay);
 for (const event of ['notify', 'end_device_sessions']) dispatch.on(event, (data) => parentPort.postMessage({ event, data }));
 
@@ -54,13 +56,15 @@ const ops = {
   session: (token) => dispatch.session(token),
   frame: (token, text, origin) => dispatch.frame(token, text, origin),
   stats: () => ({ coreCalls: relay.coreCalls, preverified: preverified?.hits ?? 0 }),
+  ready: () => dispatch.ready(),
+  metrics: () => dispatch.metrics(),
 };
 
 async function run(id, op, args) {
   try {
     answer(id, true, await ops[op](...args));
   } catch (e) {
-    console.error(`relay thread: ${op} failed:`, e);
+    log.error(`relay thread: ${op} failed: ${e?.stack ?? e}`);
     answer(id, false, String(e?.message ?? e));
   }
 }
@@ -77,4 +81,4 @@ parentPort.on('message', async (m) => {
   run(m.id, m.op, m.args);
 });
 
-parentPort.postMessage({ started: { wellKnown: dispatch.wellKnown, maxRequestBytes: dispatch.maxRequestBytes } });
+parentPort.postMessage({ started: { wellKnown: dispatch.wellKnown, maxRequestBytes: dispatch.maxRequestBytes, data: dispatch.data, adminListen: dispatch.adminListen } });

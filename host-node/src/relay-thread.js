@@ -6,17 +6,25 @@ import { EventEmitter } from 'node:events';
 import { Worker } from 'node:worker_threads';
 import { addon } from './native.js';
 import { SessionKeys, preverifying } from './preverify.js';
+import { Log } from './log.js';
 
 const WORKER = new URL('./relay-thread-worker.js', import.meta.url);
 
 /** A relay running on its own thread; `serve(thread)` puts the transports in front of it. */
 export class RelayThread extends EventEmitter {
-  /** @param {Worker} worker @param {{wellKnown: string, maxRequestBytes: number}} started */
-  constructor(worker, started) {
+  /**
+   * @param {Worker} worker
+   * @param {{wellKnown: string, maxRequestBytes: number, data: string | null, adminListen: string}} started
+   * @param {Log} [log] this thread's log (the transports')
+   */
+  constructor(worker, started, log = new Log()) {
     super();
     this.worker = worker;
     this.wellKnown = started.wellKnown;
     this.maxRequestBytes = started.maxRequestBytes;
+    this.data = started.data;
+    this.adminListen = started.adminListen;
+    this.log = log;
     this.nextId = 0;
     /** Calls waiting for the thread: id -> [resolve, reject]. */
     this.pending = new Map();
@@ -37,15 +45,17 @@ export class RelayThread extends EventEmitter {
    * @returns {Promise<RelayThread>}
    */
   static start(opts) {
+    const { log, ...data } = opts;
+    const mine = log ?? new Log({ format: opts.logFormat ?? 'text' });
     return new Promise((resolve, reject) => {
-      const worker = new Worker(WORKER, { workerData: opts });
+      const worker = new Worker(WORKER, { workerData: { ...data, logFormat: mine.format } });
       const early = (e) => reject(e instanceof Error ? e : new Error(`the relay thread exited (code ${e})`));
       worker.once('error', early);
       worker.once('exit', early);
       worker.once('message', (m) => {
         worker.off('error', early);
         worker.off('exit', early);
-        if (m.started) resolve(new RelayThread(worker, m.started));
+        if (m.started) resolve(new RelayThread(worker, m.started, mine));
         else reject(new Error('the relay thread did not start'));
       });
     });
@@ -76,6 +86,30 @@ export class RelayThread extends EventEmitter {
           this.worker.postMessage({ close: true });
         }).then(() => this.worker.terminate());
     return this.closing;
+  }
+
+  /**
+   * Whether the relay on the thread can serve (/readyz): not when the thread is gone or
+   * closing, else as the relay says.
+   * @returns {Promise<{ready: boolean, reason?: string}>}
+   */
+  async ready() {
+    if (this.gone) return { ready: false, reason: 'the relay thread is gone' };
+    if (this.closing) return { ready: false, reason: 'shutting down' };
+    try {
+      return await this.#call('ready', []);
+    } catch (e) {
+      return { ready: false, reason: e.message };
+    }
+  }
+
+  /**
+   * The metrics of the relay on the thread (the core's, then the relay's), asked for at
+   * each scrape: the figures live there.
+   * @returns {Promise<string>}
+   */
+  metrics() {
+    return this.#call('metrics', []);
   }
 
   /** Counters of the relay on the thread: the calls that reached its core, and the verifications answered from the memory. */

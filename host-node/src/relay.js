@@ -9,6 +9,8 @@ import https from 'node:https';
 import path from 'node:path';
 import { Core } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
+import { Log, messageOf } from './log.js';
+import { RelayMetrics } from './metrics.js';
 
 /** The whole exchange may take at most this long before its outcome counts as unknown. */
 const RESPONSE_TIMEOUT_MS = 20000;
@@ -36,10 +38,27 @@ const AGENTS = { 'http:': new http.Agent({ keepAlive: true }), 'https:': new htt
 const MAX_ANSWER = 1 << 20;
 const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']);
 
+/** The methods whose 200 answer is a DeliveryStatus of an accepted message (logged as `accepted`). */
+const ACCEPTING = new Set(['message.send', 'message.deliver']);
+
+/**
+ * @typedef {object} RelayInfo
+ * @property {string} relay
+ * @property {string} network
+ * @property {number} maxRequestBytes
+ * @property {string} adminToken
+ * @property {object} storage
+ * @property {number} [attemptTimeout]
+ * @property {string | null} [data] the data directory, if any
+ * @property {string} [adminListen] where `serve` puts the admin listener
+ * @property {Log} [log]
+ * @property {RelayMetrics} [metrics]
+ */
+
 export class Relay extends EventEmitter {
   /**
    * @param {Core} core
-   * @param {{relay: string, network: string, maxRequestBytes: number, adminToken: string, storage: object, attemptTimeout?: number}} info
+   * @param {RelayInfo} info
    */
   constructor(core, info) {
     super();
@@ -49,6 +68,10 @@ export class Relay extends EventEmitter {
     this.maxRequestBytes = info.maxRequestBytes;
     this.adminToken = info.adminToken;
     this.storage = info.storage;
+    this.data = info.data ?? null;
+    this.adminListen = info.adminListen ?? '127.0.0.1:0';
+    this.log = info.log ?? core.log;
+    this.metrics = info.metrics ?? core.metrics ?? new RelayMetrics();
     // The host gives up at two thirds of the core's attempt timeout, so its verdict arrives first.
     this.responseTimeout = Math.min(RESPONSE_TIMEOUT_MS, Math.max(1, Math.floor(((info.attemptTimeout ?? 30000) * 2) / 3)));
     this.timer = null;
@@ -73,6 +96,7 @@ export class Relay extends EventEmitter {
     const text = typeof params === 'string' ? params : JSON.stringify(params);
     const r = this.core.call(caller.kind, caller.value ?? '', caller.origin ?? null, method, text, Date.now());
     this.#run(r.effects);
+    if (this.log.events && r.status === 200 && ACCEPTING.has(method)) this.#accepted(method, r.body);
     return { status: r.status, body: r.body };
   }
 
@@ -86,7 +110,13 @@ export class Relay extends EventEmitter {
     const text = typeof params === 'string' ? params : JSON.stringify(params);
     const r = await this.core.callGrouped(caller.kind, caller.value ?? '', caller.origin ?? null, method, text, Date.now());
     this.#run(r.effects);
+    if (this.log.events && r.status === 200 && ACCEPTING.has(method)) this.#accepted(method, r.body);
     return { status: r.status, body: r.body };
+  }
+
+  /** The structured line of an accepted message, from the DeliveryStatus the core answered with. */
+  #accepted(method, s) {
+    this.log.event({ event: 'accepted', method, message_id: s.message_id, from: s.from, to: s.to, status: s.status });
   }
 
   /** The holder of a session token, or the error reply. */
@@ -101,6 +131,9 @@ export class Relay extends EventEmitter {
       else if (e.type === 'wake') this.#schedule(e.at);
       else if (e.type === 'notify') this.emit('notify', { account: e.account, latest_seq: e.latest_seq });
       else if (e.type === 'end_device_sessions') this.emit('end_device_sessions', { account: e.account, device_id: e.device_id });
+      else if (e.type === 'delivery_ended' && this.log.events) {
+        this.log.event({ event: 'delivery_ended', message_id: e.message_id, from: e.from, to: e.to, status: e.status, error_code: e.error_code });
+      }
     }
   }
 
@@ -116,7 +149,12 @@ export class Relay extends EventEmitter {
   #tick() {
     this.timer = null;
     if (this.closed) return;
-    this.#run(this.core.tick(Date.now()));
+    const started = performance.now();
+    const t = this.core.tick(Date.now());
+    this.metrics.tick.observe((performance.now() - started) / 1000);
+    for (const q of t.quarantined ?? []) this.log.warn('tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it)', q);
+    if (t.error) this.log.warn(`tick could not commit: ${t.error}; it runs again`);
+    this.#run(t.effects);
     this.#schedule(this.core.nextWake());
   }
 
@@ -172,7 +210,9 @@ export class Relay extends EventEmitter {
 
   async #attempt(e) {
     const p = (async () => {
+      const started = performance.now();
       const headers = this.core.signRequest(e.method, e.target, e.body, Date.now());
+      /** @type {import('./metrics.js').AttemptOutcome} */
       let kind = 'not_attempted';
       let body = '';
       if (headers) {
@@ -190,6 +230,7 @@ export class Relay extends EventEmitter {
           kind = r.kind === 'not_sent' ? 'not_attempted' : 'unknown';
         }
       }
+      this.metrics.attemptBy[kind].observe((performance.now() - started) / 1000);
       if (this.closed) return;
       this.#run(this.core.outcome(e.task, e.attempt, kind, body, Date.now()));
     })();
@@ -241,6 +282,43 @@ export class Relay extends EventEmitter {
     return this.core.wellKnown();
   }
 
+  /**
+   * Whether the relay can serve: its storage is open, its core instance is healthy (not
+   * between a trap and a fresh instance) and it is not shutting down.
+   * @returns {{ready: boolean, reason?: string}}
+   */
+  ready() {
+    if (this.closed) return { ready: false, reason: 'shutting down' };
+    if (this.storage?.isOpen === false) return { ready: false, reason: 'storage closed' };
+    if (!this.core.healthy) return { ready: false, reason: 'core instance not running' };
+    return { ready: true };
+  }
+
+  /**
+   * The metrics in the Prometheus text format: the core's counters and pending deliveries,
+   * then the host's (attempts, commits, ticks, traps, restarts).
+   * @returns {Promise<string>}
+   */
+  async metricsText() {
+    const core = this.core.metricsText();
+    return core + (await this.metrics.text());
+  }
+
+  /**
+   * Copies the SQLite database to `file` (absolute; created 0600, must not exist) while the
+   * relay runs, through the relay's own connection (storage.js `backup`).
+   * @param {string} file
+   * @returns {Promise<{path: string, pages: number}>}
+   */
+  async backup(file) {
+    if (typeof this.storage?.backup !== 'function') throw new Error('backup needs SQLite storage (this relay has none)');
+    if (typeof file !== 'string' || !path.isAbsolute(file)) throw new Error('backup needs an absolute path');
+    if (this.closed) throw new Error('the relay is shutting down');
+    const r = await this.storage.backup(file);
+    this.log.info(`backup written to ${r.path} (${r.pages} pages)`);
+    return r;
+  }
+
   /** Stops timers and waits for deliveries in flight; the storage is closed when it can be. */
   async close() {
     this.closed = true;
@@ -261,12 +339,17 @@ export class Relay extends EventEmitter {
  * @param {string} [opts.data] data directory (SQLite database, relay key, operator token)
  * @param {object} [opts.engine] `{attempt_timeout, max_in_flight_per_destination}`
  * @param {object} [opts.crypto] the host crypto offered to the core (default: the native addon's; a relay thread wraps it)
+ * @param {string} [opts.adminListen] where `serve` puts the admin listener (default `127.0.0.1:0`)
+ * @param {'text'|'json'} [opts.logFormat] default text
+ * @param {Log} [opts.log] a log of the caller's (instead of one made from `logFormat`)
  * @returns {Promise<Relay>}
  */
 export async function createRelay(opts) {
+  const log = opts.log ?? new Log({ format: opts.logFormat ?? 'text' });
   const network = opts.network ?? 'dev';
   let storage = opts.storage;
   if (storage === undefined) storage = opts.data ? 'sqlite' : 'memory';
+  const owned = typeof storage === 'string';
   if (storage === 'sqlite') {
     if (!opts.data) throw new Error('sqlite storage needs a data directory');
     storage = new SqliteStorage(path.join(opts.data, 'relay.sqlite'));
@@ -276,8 +359,28 @@ export async function createRelay(opts) {
   const seed = opts.data ? secret(path.join(opts.data, 'relay.key'), 32) : crypto.randomBytes(32);
   const admin = opts.data ? secret(path.join(opts.data, 'admin.token'), 24) : crypto.randomBytes(24);
   const config = JSON.stringify({ relay: opts.relay, network, policies: opts.policies ?? {}, ...(opts.engine ?? {}) });
-  const core = await Core.create(config, storage, new Uint8Array(seed), opts.crypto);
+  const metrics = new RelayMetrics();
+  let core;
+  try {
+    core = await Core.create(config, storage, new Uint8Array(seed), opts.crypto, { metrics, log });
+  } catch (e) {
+    // A store this relay must not open (written by a newer one): let go of it, and say why.
+    if (owned) storage.close?.();
+    throw new Error(messageOf(e), { cause: e });
+  }
+  if ('onCommit' in storage) storage.onCommit = (size, seconds) => metrics.commit(size, seconds);
   const maxRequestBytes = JSON.parse(core.wellKnown()).policies?.max_request_bytes ?? 262144;
   const attemptTimeout = opts.engine?.attempt_timeout;
-  return new Relay(core, { relay: opts.relay, network, maxRequestBytes, adminToken: b64u(admin), storage, attemptTimeout });
+  return new Relay(core, {
+    relay: opts.relay,
+    network,
+    maxRequestBytes,
+    adminToken: b64u(admin),
+    storage,
+    attemptTimeout,
+    data: opts.data ?? null,
+    adminListen: opts.adminListen,
+    log,
+    metrics,
+  });
 }

@@ -1,8 +1,14 @@
-// The transports of protocol.md §6 on one port: HTTP, WebSocket, relay RPC, /.well-known/relay.
+// The transports of protocol.md §6 on one port: HTTP, WebSocket, relay RPC, /.well-known/relay,
+// and the health checks. The operator's side is on a listener of its own (loopback by
+// default): the admin API, /metrics and the health checks.
 
+import fs from 'node:fs';
 import http from 'node:http';
+import path from 'node:path';
 import { WebSocketServer } from 'ws';
 import { Dispatch, errorBody } from './dispatch.js';
+import { Log, messageOf } from './log.js';
+import { CONTENT_TYPE, TransportMetrics } from './metrics.js';
 
 function send(res, status, body) {
   const text = typeof body === 'string' ? body : JSON.stringify(body);
@@ -51,15 +57,57 @@ function bearer(req) {
   return a && a.startsWith('Bearer ') ? a.slice(7).trim() : null;
 }
 
+/** @param {http.ServerResponse} res @param {number} status @param {string} text @param {string} [type] */
+function sendText(res, status, text, type = 'text/plain; charset=utf-8') {
+  res.writeHead(status, { 'content-type': type, 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}
+
+/**
+ * `HOST:PORT` (`[v6]:PORT` for IPv6) as listen options.
+ * @param {string} addr
+ * @returns {{host: string, port: number}}
+ */
+export function parseAddr(addr) {
+  const m = /^(?:\[([^\]]+)\]|([^:\[\]]*)):(\d+)$/.exec(addr);
+  if (!m || Number(m[3]) > 65535) throw new Error(`an address is HOST:PORT, not ${addr}`);
+  return { host: m[1] ?? m[2], port: Number(m[3]) };
+}
+
+/** A listening server's base URL. @param {http.Server} server */
+function baseUrl(server) {
+  const a = /** @type {import('node:net').AddressInfo} */ (server.address());
+  return `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
+}
+
+/** Starts `server` listening; rejects when it cannot bind. @param {http.Server} server @param {{host: string, port: number}} at */
+function listen(server, at) {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(at.port, at.host, () => {
+      server.off('error', reject);
+      resolve(undefined);
+    });
+  });
+}
+
 /**
  * Serves a relay over HTTP and WebSocket: a `Relay` on this thread, or a relay thread
- * (`RelayThread.start`), which leaves this thread to the transports.
+ * (`RelayThread.start`), which leaves this thread to the transports. The admin listener
+ * binds `opts.admin` (else the relay's `adminListen`, else `127.0.0.1:0`); its base URL is
+ * logged and, when the relay has a data directory, written to `DATA/admin.url` before the
+ * public port listens.
  * @param {import('./relay.js').Relay | import('./relay-thread.js').RelayThread} relay
- * @param {{host?: string, port?: number}} listen
- * @returns {Promise<{server: http.Server, port: number, close: () => Promise<void>}>}
+ * @param {{host?: string, port?: number, admin?: string}} opts
+ * @returns {Promise<{server: http.Server, port: number, admin: http.Server, adminUrl: string, close: () => Promise<void>}>}
  */
-export async function serve(relay, listen = {}) {
+export async function serve(relay, opts = {}) {
   const front = typeof relay.request === 'function' ? relay : new Dispatch(relay);
+  /** @type {Log} */
+  const log = front.log ?? new Log();
+  const metrics = new TransportMetrics();
+  let shuttingDown = false;
+  const readiness = async () => (shuttingDown ? { ready: false, reason: 'shutting down' } : front.ready());
   /** @type {Map<string, Set<{device: string, ws: import('ws').WebSocket}>>} */
   const sockets = new Map();
   front.on('notify', ({ account, latest_seq }) => {
@@ -70,11 +118,28 @@ export async function serve(relay, listen = {}) {
     for (const c of sockets.get(account) ?? []) if (c.device === device_id) c.ws.close(4401, 'device revoked');
   });
 
+  /** `/healthz` and `/readyz`, on both listeners; false when the request is neither. */
+  const health = async (req, res, pathname) => {
+    if (req.method !== 'GET') return false;
+    if (pathname === '/healthz') {
+      sendText(res, 200, 'ok\n');
+      return true;
+    }
+    if (pathname !== '/readyz') return false;
+    const r = await readiness();
+    sendText(res, r.ready ? 200 : 503, r.ready ? 'ready\n' : `not ready: ${r.reason}\n`);
+    return true;
+  };
+
   const server = http.createServer(async (req, res) => {
     try {
       const url = new URL(req.url, 'http://relay');
       if (req.method === 'GET' && url.pathname === '/.well-known/relay') return send(res, 200, front.wellKnown);
-      const m = /^\/(v1|relay\/v1|admin\/v1)\/([a-z.]+)$/.exec(url.pathname);
+      if (url.pathname === '/healthz' || url.pathname === '/readyz') {
+        if (await health(req, res, url.pathname)) return undefined;
+      }
+      // The admin API is not served here: only on the admin listener.
+      const m = /^\/(v1|relay\/v1)\/([a-z.]+)$/.exec(url.pathname);
       if (req.method !== 'POST' || !m) return send(res, 404, errorBody('not_found', 'no such route'));
       const body = await readBody(req, front.maxRequestBytes);
       if (body === null) return send(res, 413, errorBody('payload_too_large', `request body exceeds max_request_bytes ${front.maxRequestBytes}`));
@@ -88,10 +153,44 @@ export async function serve(relay, listen = {}) {
       // The relay thread stopped with this request in it: its outcome is unknown, and a
       // dropped connection says so, as a crashed relay would.
       if (e?.code === 'RELAY_THREAD_LOST') return res.destroy();
-      console.error('request failed:', e);
+      log.error(`request failed: ${e?.stack ?? e}`);
       if (!res.headersSent) send(res, 500, errorBody('internal', 'the relay failed; nothing was accepted'));
     }
+    return undefined;
   });
+  // Open connections, counted as they come and go (read at scrape time).
+  const counted = (socket) => {
+    metrics.connections += 1;
+    socket.once('close', () => {
+      metrics.connections -= 1;
+    });
+  };
+  server.on('connection', counted);
+
+  const admin = http.createServer(async (req, res) => {
+    try {
+      const url = new URL(req.url, 'http://relay');
+      if (await health(req, res, url.pathname)) return undefined;
+      if (req.method === 'GET' && url.pathname === '/metrics') {
+        const text = (await front.metrics()) + (await metrics.text());
+        return sendText(res, 200, text, CONTENT_TYPE);
+      }
+      const m = /^\/admin\/v1\/([a-z.]+)$/.exec(url.pathname);
+      if (req.method !== 'POST' || !m) return send(res, 404, errorBody('not_found', 'no such route'));
+      const body = await readBody(req, front.maxRequestBytes);
+      if (body === null) return send(res, 413, errorBody('payload_too_large', `request body exceeds max_request_bytes ${front.maxRequestBytes}`));
+      const text = body.toString('utf8');
+      if (!Buffer.from(text, 'utf8').equals(body)) return send(res, 400, errorBody('invalid_params', 'invalid JSON: invalid UTF-8'));
+      const r = await front.request('admin/v1', m[1], bearer(req), null, text, req.socket.remoteAddress ?? null);
+      return send(res, r.status, r.body);
+    } catch (e) {
+      if (e?.code === 'RELAY_THREAD_LOST') return res.destroy();
+      log.error(`admin request failed: ${e?.stack ?? e}`);
+      if (!res.headersSent) send(res, 500, errorBody('internal', `the relay failed: ${messageOf(e)}`));
+    }
+    return undefined;
+  });
+  admin.on('connection', counted);
 
   const wss = new WebSocketServer({ noServer: true, maxPayload: front.maxRequestBytes + 1024 });
   server.on('upgrade', async (req, socket, head) => {
@@ -102,7 +201,7 @@ export async function serve(relay, listen = {}) {
     try {
       if (token) s = await front.session(token);
     } catch (e) {
-      console.error('session check failed:', e);
+      log.error(`session check failed: ${e?.stack ?? e}`);
     }
     if (!s.ok) {
       socket.write('HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
@@ -112,6 +211,7 @@ export async function serve(relay, listen = {}) {
     wss.handleUpgrade(req, socket, head, (ws) => {
       const { account, device_id: device, expires_at: expires } = s.info;
       const entry = { device, ws };
+      metrics.websockets += 1;
       if (!sockets.has(account)) sockets.set(account, new Set());
       sockets.get(account).add(entry);
       const expiry = setTimeout(() => ws.close(4401, 'session expired'), Math.max(0, Math.min(expires - Date.now(), 2 ** 31 - 1)));
@@ -125,26 +225,55 @@ export async function serve(relay, listen = {}) {
             ws.send(reply);
             if (ended) ws.close(4401, 'session ended');
           } catch (e) {
-            console.error('frame failed:', e);
+            log.error(`frame failed: ${e?.stack ?? e}`);
             ws.close(1011, 'the relay failed');
           }
         });
       });
       ws.on('close', () => {
+        metrics.websockets -= 1;
         clearTimeout(expiry);
         sockets.get(account)?.delete(entry);
       });
     });
   });
 
-  await new Promise((resolve) => server.listen(listen.port ?? 0, listen.host ?? '127.0.0.1', resolve));
+  // The admin listener first, and its URL written, so whoever sees the public port up finds
+  // this start's admin.url (never the last one's).
+  const adminFile = front.data ? path.join(front.data, 'admin.url') : null;
+  if (adminFile) fs.rmSync(adminFile, { force: true });
+  await listen(admin, parseAddr(opts.admin ?? front.adminListen ?? '127.0.0.1:0'));
+  const adminUrl = baseUrl(admin);
+  if (adminFile) {
+    fs.writeFileSync(`${adminFile}.tmp`, `${adminUrl}\n`);
+    fs.renameSync(`${adminFile}.tmp`, adminFile);
+  }
+  log.info('admin listener (admin API, /metrics, /healthz, /readyz)', { admin_url: adminUrl });
+  try {
+    await listen(server, { port: opts.port ?? 0, host: opts.host ?? '127.0.0.1' });
+  } catch (e) {
+    admin.close();
+    throw e;
+  }
   return {
     server,
-    port: server.address().port,
+    port: /** @type {import('node:net').AddressInfo} */ (server.address()).port,
+    admin,
+    adminUrl,
     close: async () => {
+      // /readyz says so from now on, on both listeners, while requests in flight finish.
+      shuttingDown = true;
       for (const set of sockets.values()) for (const c of set) c.ws.terminate();
-      await new Promise((resolve) => server.close(resolve));
+      await Promise.all([new Promise((resolve) => server.close(resolve)), new Promise((resolve) => admin.close(resolve))]);
       await front.close();
+      // A clean stop takes its admin.url away (if it is still this start's).
+      if (adminFile) {
+        try {
+          if (fs.readFileSync(adminFile, 'utf8').trim() === adminUrl) fs.rmSync(adminFile, { force: true });
+        } catch {
+          // gone already
+        }
+      }
     },
   };
 }
