@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { parseArgs } from '../src/cli.js';
+import { parseArgs, parseAdminArgs } from '../src/cli.js';
 
 test('relay-node serve takes the wasmtime host flags and a TOML config', () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-node-cfg-'));
@@ -19,4 +19,31 @@ test('relay-node serve takes the wasmtime host flags and a TOML config', () => {
   fs.writeFileSync(cfg, 'lisen = "x"\n');
   assert.throws(() => parseArgs(['--config', cfg]), /unknown key/);
   fs.rmSync(dir, { recursive: true });
+});
+
+test('relay-node serve: --admin-listen and --log-format, as flags and config keys', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-node-cfg-'));
+  const cfg = path.join(dir, 'relay.toml');
+  const d = parseArgs([]);
+  assert.equal(d.adminListen, '127.0.0.1:0', 'loopback, a port the system picks');
+  assert.equal(d.logFormat, 'text');
+  fs.writeFileSync(cfg, 'admin_listen = "127.0.0.1:9101"\nlog_format = "json"\n');
+  const c = parseArgs(['--config', cfg]);
+  assert.equal(c.adminListen, '127.0.0.1:9101');
+  assert.equal(c.logFormat, 'json');
+  const f = parseArgs(['--config', cfg, '--admin-listen', '[::1]:0', '--log-format', 'text']);
+  assert.equal(f.adminListen, '[::1]:0');
+  assert.equal(f.logFormat, 'text');
+  assert.throws(() => parseArgs(['--log-format', 'yaml']), /text or json/);
+  assert.throws(() => parseArgs(['--admin-listen', 'localhost']), /HOST:PORT/);
+  fs.rmSync(dir, { recursive: true });
+});
+
+test('relay-node admin: deliveries, backup and metrics against the admin listener', () => {
+  assert.deepEqual(parseAdminArgs(['backup', '--data', 'd', 'out.sqlite']), { data: 'd', adminUrl: null, command: ['backup', 'out.sqlite'] });
+  assert.deepEqual(parseAdminArgs(['--admin-url', 'http://127.0.0.1:5/', 'deliveries', 'failed']).adminUrl, 'http://127.0.0.1:5');
+  assert.deepEqual(parseAdminArgs(['--url', 'http://127.0.0.1:5', 'metrics']).command, ['metrics']);
+  assert.throws(() => parseAdminArgs(['backup']), /relay-node admin/);
+  assert.throws(() => parseAdminArgs(['deliveries', 'lost']), /relay-node admin/);
+  assert.throws(() => parseAdminArgs(['drop', 'everything']), /relay-node admin/);
 });
