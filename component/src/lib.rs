@@ -217,7 +217,9 @@ mod guest {
             let seed: [u8; 32] = relay_seed
                 .try_into()
                 .map_err(|_| "relay seed must be 32 bytes".to_string())?;
-            let engine = Engine::new(config, HostStorage, HostEntropy);
+            let mut engine = Engine::new(config, HostStorage, HostEntropy);
+            // Before anything reads the store: a store written by a newer relay is refused.
+            engine.open_store()?;
             signature::set_verifier(Some(host_verify));
             digest::set_hasher(Some(host_sha256));
             STATE.with(|s| *s.borrow_mut() = Some(State { engine, seed }));
@@ -259,8 +261,28 @@ mod guest {
         }
         fn tick(now: u64) -> Vec<t::Effect> {
             let r = with(|s| s.engine.try_tick(now), not_ready);
-            if let Err(e) = &r.result {
-                host::log(host::Level::Error, &format!("tick: {e}"));
+            match &r.result {
+                Err(e) => host::log(host::Level::Error, &format!("tick: {e}")),
+                Ok(v) => {
+                    // Entries the tick had to set aside: each is logged (admin.quarantine lists them).
+                    let set_aside = v
+                        .as_object()
+                        .and_then(|o| o.get("quarantined"))
+                        .and_then(|q| match q {
+                            relay_core::wire::json::Value::Array(a) => Some(a.as_slice()),
+                            _ => None,
+                        })
+                        .unwrap_or(&[]);
+                    for entry in set_aside {
+                        host::log(
+                            host::Level::Warn,
+                            &format!(
+                                "tick: an entry was quarantined: {}",
+                                relay_core::wire::canonical::to_string(entry)
+                            ),
+                        );
+                    }
+                }
             }
             effects(r.effects)
         }
@@ -375,6 +397,17 @@ mod guest {
                 },
             )
             .map_err(error_reply)
+        }
+        fn metrics() -> Result<String, String> {
+            with(
+                |s| {
+                    s.engine
+                        .metrics()
+                        .map(|m| m.to_prometheus())
+                        .map_err(|e| format!("reading the metrics: {e}"))
+                },
+                || Err("component not initialized".to_string()),
+            )
         }
         fn well_known() -> Vec<u8> {
             with(
