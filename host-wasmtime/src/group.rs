@@ -38,6 +38,16 @@ impl<S: Storage> Grouped<S> {
         self.open = true;
     }
 
+    /// Whether the open group holds writes (its flush will be a transaction).
+    pub fn has_writes(&self) -> bool {
+        !self.overlay.is_empty()
+    }
+
+    /// The store under the groups; only while no group holds writes.
+    pub fn inner(&self) -> Option<&S> {
+        self.overlay.is_empty().then_some(&self.inner)
+    }
+
     /// Commits the group's writes in one transaction and closes the group; on error they are gone.
     pub fn flush(&mut self) -> Result<(), StorageError> {
         self.open = false;

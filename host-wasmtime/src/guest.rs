@@ -144,8 +144,10 @@ pub struct Core {
     /// The storage, held here once no instance holds it: only the open group is still
     /// flushed; nothing enters the guest again.
     orphaned: Option<Grouped<AnyStore>>,
-    /// Traps survived (each replaced the instance).
+    /// Traps of the guest.
     pub traps: u64,
+    /// Fresh instances started over the storage after a trap.
+    pub restarts: u64,
     /// Whether the engine meters fuel ([`metered_engine`]); only then is fuel set and read.
     metered: bool,
     /// Fuel spent by all calls so far, on a [`metered_engine`]: wasm work, counted
@@ -261,6 +263,7 @@ impl Core {
             live: Some(live),
             orphaned: None,
             traps: 0,
+            restarts: 0,
             metered,
             fuel_spent: 0,
             pre: None,
@@ -318,6 +321,7 @@ impl Core {
             Ok(mut live) => {
                 live.store.data_mut().pre = self.pre.clone();
                 self.live = Some(live);
+                self.restarts += 1;
             }
             Err((e, store)) => {
                 tracing::error!(
@@ -347,6 +351,11 @@ impl Core {
     /// Opens a commit group: the following calls' commits wait for [`Core::flush_group`].
     pub fn begin_group(&mut self) {
         self.storage().begin();
+    }
+
+    /// Whether the open group holds writes (its flush is a transaction).
+    pub fn group_has_writes(&mut self) -> bool {
+        self.storage().has_writes()
     }
 
     /// Makes the group's writes durable in one transaction; on error all of them are undone.
@@ -456,6 +465,25 @@ impl Core {
     ) -> Result<String, Reply> {
         self.guarded(|i, s| i.call_authenticate_request(s, h, method, body, now, key))
             .unwrap_or_else(|| Err(internal_reply()))
+    }
+
+    /// The engine's own counts in the Prometheus text format; an error if the store could
+    /// not be read or the core has failed.
+    pub fn metrics(&mut self) -> Result<String, String> {
+        self.guarded(|i, s| i.call_metrics(s))
+            .unwrap_or_else(|| Err("the relay core failed".into()))
+    }
+
+    /// Copies the SQLite database, as every committed group left it, to `path` (online
+    /// backup over the relay's own connection); the bytes written. Only between groups.
+    pub fn backup(&mut self, path: &Path) -> Result<u64, String> {
+        match self.storage().inner() {
+            Some(AnyStore::Sqlite(db)) => db.backup_to(path),
+            Some(AnyStore::Memory(_)) => {
+                Err("this relay keeps its data in memory: there is no database to back up".into())
+            }
+            None => Err("a commit group is open: a backup runs only between groups".into()),
+        }
     }
 
     /// The `/.well-known/relay` document.

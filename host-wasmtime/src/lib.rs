@@ -8,6 +8,8 @@
 pub mod group;
 pub mod guest;
 mod hub;
+pub mod net;
+pub mod ops;
 mod outbound;
 pub mod preverify;
 mod server;
@@ -38,7 +40,13 @@ pub fn now_ms() -> u64 {
 
 /// Releases a job's answer once its group's commit is known: `true` if it is durable.
 type Release = Box<dyn FnOnce(bool) + Send>;
-type Job = Box<dyn FnOnce(&mut Core) -> Release + Send>;
+/// Work for the core thread.
+enum Job {
+    /// A call that joins a commit group; its answer leaves once the group is durable.
+    Call(Box<dyn FnOnce(&mut Core) -> Release + Send>),
+    /// Work that runs alone between two groups, with nothing uncommitted (a backup).
+    Alone(Box<dyn FnOnce(&mut Core) + Send>),
+}
 
 /// The most operations one group commit holds.
 ///
@@ -95,12 +103,28 @@ impl CoreHandle {
         f: impl FnOnce(&mut Core) -> R + Send + 'static,
     ) -> R {
         let (otx, orx) = oneshot::channel();
-        let job: Job = Box::new(move |core| {
+        let job = Job::Call(Box::new(move |core| {
             let r = f(core);
             Box::new(move |durable| {
                 let _ = otx.send(if durable { r } else { R::uncommitted() });
             })
-        });
+        }));
+        if self.tx.send(job).is_err() {
+            panic!("the core thread has stopped");
+        }
+        orx.await.expect("the core thread dropped a job")
+    }
+
+    /// Runs `f` on the core thread between two commit groups: every call before it has
+    /// committed (or been undone), none after it has started.
+    pub async fn alone<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Core) -> R + Send + 'static,
+    ) -> R {
+        let (otx, orx) = oneshot::channel();
+        let job = Job::Alone(Box::new(move |core| {
+            let _ = otx.send(f(core));
+        }));
         if self.tx.send(job).is_err() {
             panic!("the core thread has stopped");
         }
@@ -115,6 +139,12 @@ pub struct App {
     pub network: String,
     pub max_request_bytes: usize,
     pub admin_token: String,
+    /// The host's own metrics (the core counts the rest).
+    pub metrics: Arc<ops::HostMetrics>,
+    /// What `/readyz` answers from.
+    pub health: Arc<ops::Health>,
+    /// One structured log line per accepted message and per ended delivery (`--log-format json`).
+    pub log_events: bool,
     hub: hub::Hub,
     wake: watch::Sender<Option<u64>>,
     peers: outbound::Peers,
@@ -142,9 +172,41 @@ impl App {
                 }
                 Effect::Notify(n) => self.hub.notify(&n.account, n.latest_seq),
                 Effect::EndDeviceSessions(d) => self.hub.end_device(&d.account, &d.device_id),
-                Effect::DeliveryEnded(_) => {}
+                Effect::DeliveryEnded(d) => {
+                    if self.log_events {
+                        tracing::info!(
+                            target: "relay::event",
+                            event = "delivery_ended",
+                            message_id = %d.message_id,
+                            from = %d.from,
+                            to = %d.to,
+                            status = %d.status,
+                            error_code = d.error_code.as_deref(),
+                        );
+                    }
+                }
             }
         }
+    }
+
+    /// Logs an accepted message from the DeliveryStatus its call answered (ids only).
+    fn log_accepted(method: &'static str, body: &[u8]) {
+        let Ok(v) = relay_core::wire::json::parse(body) else {
+            return;
+        };
+        let Some(o) = v.as_object() else {
+            return;
+        };
+        let field = |k: &str| o.get(k).and_then(relay_core::wire::json::Value::as_str);
+        tracing::info!(
+            target: "relay::event",
+            event = "accepted",
+            method,
+            message_id = field("message_id"),
+            from = field("from"),
+            to = field("to"),
+            status = field("status"),
+        );
     }
 
     /// Calls a method for a caller that connected from `origin` (the peer's IP address) and
@@ -156,10 +218,18 @@ impl App {
         method: String,
         params: Vec<u8>,
     ) -> Reply {
+        let logged = match method.as_str() {
+            "message.send" if self.log_events => Some("message.send"),
+            "message.deliver" if self.log_events => Some("message.deliver"),
+            _ => None,
+        };
         let mut reply = self
             .core
             .run(move |c| c.call_from(&caller, origin.as_deref(), &method, &params, now_ms()))
             .await;
+        if let (Some(m), 200) = (logged, reply.status) {
+            App::log_accepted(m, &reply.body);
+        }
         self.dispatch(std::mem::take(&mut reply.effects));
         reply
     }
@@ -169,21 +239,62 @@ impl App {
 pub struct Running {
     pub addr: SocketAddr,
     pub url: String,
+    /// Where the admin listener is bound.
+    pub admin_addr: SocketAddr,
+    /// The admin listener's base URL (what `DATA/admin.url` holds).
+    pub admin_url: String,
     pub app: Arc<App>,
-    shutdown: Option<oneshot::Sender<()>>,
-    done: Option<tokio::task::JoinHandle<()>>,
+    /// `DATA/admin.url`, removed at a clean stop.
+    admin_url_file: Option<std::path::PathBuf>,
+    shutdown: Option<watch::Sender<bool>>,
+    done: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
     /// Stops accepting, lets in-flight requests finish, and stops the core after its last commit.
     pub async fn stop(mut self) {
+        self.app.health.set_stopping();
         if let Some(s) = self.shutdown.take() {
-            let _ = s.send(());
+            let _ = s.send(true);
         }
-        if let Some(d) = self.done.take() {
+        for d in self.done.drain(..) {
             let _ = d.await;
         }
+        if let Some(f) = &self.admin_url_file {
+            // Only our own: a newer relay on the same data may have written its address since.
+            if std::fs::read_to_string(f).is_ok_and(|t| t.trim() == self.admin_url) {
+                let _ = std::fs::remove_file(f);
+            }
+        }
     }
+}
+
+/// The base URL a local client reaches a listener bound at `addr` with.
+fn local_url(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, addr.port()))
+}
+
+/// Writes `text` to `path` whole (a reader sees the old file or the new one), mode 0600.
+fn write_whole(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    let mut f = open
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(text.as_bytes())?;
+    drop(f);
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 fn load_or_create_secret(path: &std::path::Path, len: usize) -> anyhow::Result<Vec<u8>> {
@@ -212,6 +323,11 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
     let addr = listener.local_addr()?;
+    let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin listener {}", settings.admin_listen))?;
+    let admin_addr = admin_listener.local_addr()?;
+    let admin_url = local_url(admin_addr);
     let url = settings
         .url
         .clone()
@@ -263,6 +379,9 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     let pre = (std::env::var_os("RELAY_PREVERIFY").is_none_or(|v| v != "0"))
         .then(|| Arc::new(preverify::Preverify::default()));
     let core_pre = pre.clone();
+    let metrics = Arc::new(ops::HostMetrics::default());
+    let health = Arc::new(ops::Health::default());
+    let (core_metrics, core_health) = (metrics.clone(), health.clone());
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
     std::thread::Builder::new()
@@ -296,9 +415,31 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
                 _ => MAX_GROUP,
             };
             // Jobs run until every handle is gone; the last group's commit finishes first.
-            while let Ok(first) = rx.recv() {
-                run_group(&mut core, first, &rx, max_group);
+            let (mut traps, mut restarts) = (0, 0);
+            while let Ok(job) = rx.recv() {
+                match job {
+                    Job::Call(first) => {
+                        let alone = run_group(
+                            &mut core,
+                            first,
+                            &rx,
+                            max_group,
+                            &core_metrics,
+                            &core_health,
+                        );
+                        if let Some(f) = alone {
+                            f(&mut core);
+                        }
+                    }
+                    Job::Alone(f) => f(&mut core),
+                }
+                if core.traps != traps || core.restarts != restarts {
+                    core_metrics.traps.inc_by(core.traps - traps);
+                    core_metrics.restarts.inc_by(core.restarts - restarts);
+                    (traps, restarts) = (core.traps, core.restarts);
+                }
                 if core.failed() {
+                    core_health.set_core_failed();
                     // Fail closed: without an instance over the real storage nothing can be
                     // answered truthfully, so the process stops (a supervisor restarts it).
                     tracing::error!(
@@ -317,6 +458,9 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         network: settings.network.clone(),
         max_request_bytes: settings.policies.max_request_bytes as usize,
         admin_token,
+        metrics,
+        health,
+        log_events: settings.log_format == settings::LogFormat::Json,
         hub: hub::Hub::default(),
         wake: wake_tx,
         peers: outbound::Peers::for_attempts(config.attempt_timeout),
@@ -327,44 +471,85 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     app.wake.send_replace(first);
     tokio::spawn(timer(app.clone(), wake_rx));
 
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let router = server::router(app.clone());
-    let done = tokio::spawn(async move {
-        let serve = axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            let _ = stop_rx.await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!("server: {e}");
+    // The admin listener's address, for `relay admin` and scripts, before either listener
+    // serves: once the public port answers, the file names this process's admin listener.
+    let admin_url_file = match &settings.data {
+        Some(dir) => {
+            let f = dir.join("admin.url");
+            write_whole(&f, &format!("{admin_url}\n"))?;
+            Some(f)
         }
-    });
-    tracing::info!(relay = %url, network = %settings.network, "relay serving");
+        None => None,
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut done = Vec::new();
+    for (listener, router, what) in [
+        (listener, server::router(app.clone()), "server"),
+        (
+            admin_listener,
+            server::admin_router(app.clone()),
+            "admin server",
+        ),
+    ] {
+        let listener = net::Counting::new(listener, app.metrics.open_connections.clone());
+        let mut stop = stop_rx.clone();
+        done.push(tokio::spawn(async move {
+            let serve = axum::serve(
+                listener,
+                router.into_make_service_with_connect_info::<net::PeerAddr>(),
+            )
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            });
+            if let Err(e) = serve.await {
+                tracing::error!("{what}: {e}");
+            }
+        }));
+    }
+    tracing::info!(relay = %url, network = %settings.network, admin = %admin_url, "relay serving");
     Ok(Running {
         addr,
         url,
+        admin_addr,
+        admin_url,
         app,
+        admin_url_file,
         shutdown: Some(stop_tx),
-        done: Some(done),
+        done,
     })
 }
 
-/// Runs `first` and every job already queued behind it (up to `max` in all) as one commit group.
+type Alone = Box<dyn FnOnce(&mut Core) + Send>;
+
+/// Runs `first` and every call already queued behind it (up to `max` in all) as one commit
+/// group; a job that must run alone ends the group and is handed back, to run after it.
 ///
 /// Jobs that queued while the previous group was committing share this
 /// group's fsync; a lone job costs what it did before. Answers are released
 /// only after the group's transaction is durable.
-fn run_group(core: &mut Core, first: Job, rx: &std::sync::mpsc::Receiver<Job>, max: usize) {
+fn run_group(
+    core: &mut Core,
+    first: Box<dyn FnOnce(&mut Core) -> Release + Send>,
+    rx: &std::sync::mpsc::Receiver<Job>,
+    max: usize,
+    metrics: &ops::HostMetrics,
+    health: &ops::Health,
+) -> Option<Alone> {
     core.begin_group();
     let mut releases = vec![first(core)];
+    let mut alone = None;
     while releases.len() < max {
         match rx.try_recv() {
-            Ok(job) => releases.push(job(core)),
+            Ok(Job::Call(job)) => releases.push(job(core)),
+            Ok(Job::Alone(f)) => {
+                alone = Some(f);
+                break;
+            }
             Err(_) => break,
         }
     }
+    let writes = core.group_has_writes();
+    let started = writes.then(std::time::Instant::now);
     let durable = match core.flush_group() {
         Ok(()) => true,
         Err(e) => {
@@ -372,9 +557,15 @@ fn run_group(core: &mut Core, first: Job, rx: &std::sync::mpsc::Receiver<Job>, m
             false
         }
     };
+    if let Some(t) = started {
+        metrics.commit_duration.observe(t.elapsed().as_secs_f64());
+        metrics.commit_group_size.observe(releases.len() as f64);
+        health.set_storage_ok(durable);
+    }
     for r in releases {
         r(durable);
     }
+    alone
 }
 
 /// Sleeps until the core's next wake-up, ticks it, and repeats.
@@ -396,8 +587,11 @@ async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
         };
         tokio::select! {
             _ = sleep => {
-                let (effects, next) = app.core.run(|c| {
+                let metrics = app.metrics.clone();
+                let (effects, next) = app.core.run(move |c| {
+                    let started = std::time::Instant::now();
                     let e = c.tick(now_ms());
+                    metrics.tick_duration.observe(started.elapsed().as_secs_f64());
                     (e, c.next_wake())
                 }).await;
                 app.wake.send_replace(next);

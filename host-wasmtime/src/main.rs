@@ -1,8 +1,8 @@
 //! `relay`: a relay server running the core component in wasmtime.
 
 use clap::{Parser, Subcommand};
-use relay_host_wasmtime::settings::Settings;
-use std::path::PathBuf;
+use relay_host_wasmtime::settings::{LogFormat, Settings};
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(
@@ -17,22 +17,52 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve a relay (HTTP, WebSocket and relay RPC on one port).
+    /// Serve a relay (HTTP, WebSocket and relay RPC on one port; the admin API, metrics
+    /// and health checks on the admin listener).
     Serve(ServeArgs),
-    /// Operator tools against a running relay.
-    Admin {
-        /// The relay's data directory (holds admin.token).
-        #[arg(long, default_value = ".relay")]
-        data: PathBuf,
-        /// The relay's URL.
-        #[arg(long, default_value = "http://127.0.0.1:8080")]
-        url: String,
-        /// `deliveries [pending|failed]`
-        #[arg(trailing_var_arg = true)]
-        what: Vec<String>,
-    },
+    /// Operator tools against a running relay, through its admin listener.
+    Admin(AdminArgs),
 }
 
+#[derive(clap::Args)]
+struct AdminArgs {
+    /// The relay's data directory: holds admin.token, and admin.url (the admin listener's
+    /// address, written by the running relay).
+    #[arg(long, global = true, default_value = ".relay")]
+    data: PathBuf,
+    /// The admin listener's URL, instead of the one in DATA/admin.url.
+    #[arg(long, global = true)]
+    url: Option<String>,
+    #[command(subcommand)]
+    what: AdminCommand,
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// List deliveries this relay is responsible for (and quarantined tick entries).
+    Deliveries {
+        /// pending or failed (default: both).
+        state: Option<String>,
+    },
+    /// Copy the running relay's database to FILE, consistently, without stopping it.
+    ///
+    /// The relay writes the copy itself (SQLite's online backup over its own connection,
+    /// between two commit groups), so FILE holds exactly the operations committed before
+    /// the backup began. FILE is written whole with mode 0600 and replaces any file there;
+    /// it is a path on the relay's machine.
+    ///
+    /// To restore: stop the relay; make a new data directory holding FILE as relay.sqlite
+    /// and the original relay.key (and admin.token, to keep the operator token); start the
+    /// relay on it with the same --url. Deliveries pending in the backup resume. Messages
+    /// accepted after the backup began are not in it: clients retry them unchanged, and
+    /// the protocol's idempotency makes the retry safe.
+    Backup {
+        /// Where to write the copy.
+        file: PathBuf,
+    },
+    /// Print the relay's metrics (the Prometheus text of GET /metrics).
+    Metrics,
+}
 #[derive(clap::Args)]
 struct ServeArgs {
     /// Address to listen on.
@@ -62,6 +92,14 @@ struct ServeArgs {
     /// How long an outbound delivery attempt may take before its outcome is unknown (ms).
     #[arg(long)]
     attempt_timeout: Option<u64>,
+    /// The admin listener: the operator API, /metrics and health checks (default
+    /// 127.0.0.1:0, loopback on a port the system picks; its URL goes to DATA/admin.url).
+    #[arg(long)]
+    admin_listen: Option<String>,
+    /// Log lines as text (default) or json: one object per line, plus one line per
+    /// accepted message and per ended delivery (ids only).
+    #[arg(long)]
+    log_format: Option<LogFormat>,
 }
 
 fn settings(a: ServeArgs) -> anyhow::Result<Settings> {
@@ -75,6 +113,14 @@ fn settings(a: ServeArgs) -> anyhow::Result<Settings> {
         s.listen = l
             .parse()
             .map_err(|e| anyhow::anyhow!("--listen {l}: {e}"))?;
+    }
+    if let Some(l) = a.admin_listen {
+        s.admin_listen = l
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--admin-listen {l}: {e}"))?;
+    }
+    if let Some(f) = a.log_format {
+        s.log_format = f;
     }
     if a.url.is_some() {
         s.url = a.url;
@@ -112,49 +158,99 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+fn init_logs(format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("RELAY_LOG").unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        // Fields at the top level: {"timestamp","level","event":"accepted","message_id",..,"target"}.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
+}
+
+/// The admin listener's URL: `--url`, else what the running relay wrote to DATA/admin.url.
+fn admin_url(data: &Path, url: Option<String>) -> anyhow::Result<String> {
+    if let Some(u) = url {
+        return Ok(u.trim_end_matches('/').to_string());
+    }
+    let file = data.join("admin.url");
+    let text = std::fs::read_to_string(&file).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: {e} (is a relay running on this data directory? or pass --url)",
+            file.display()
+        )
+    })?;
+    Ok(text.trim().trim_end_matches('/').to_string())
+}
+
+async fn admin(args: AdminArgs) -> anyhow::Result<()> {
+    let url = admin_url(&args.data, args.url)?;
+    let client = relay_host_wasmtime::admin_client();
+    if let AdminCommand::Metrics = args.what {
+        let (status, text) = client.get(&format!("{url}/metrics")).await?;
+        print!("{}", String::from_utf8_lossy(&text));
+        anyhow::ensure!(status == 200, "status {status}");
+        return Ok(());
+    }
+    let token_file = args.data.join("admin.token");
+    let token = std::fs::read_to_string(&token_file)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", token_file.display()))?;
+    let mut params = relay_core::wire::json::Object::new();
+    let method = match args.what {
+        AdminCommand::Deliveries { state } => {
+            if let Some(s) = state {
+                params.insert("state", s.as_str());
+            }
+            "deliveries"
+        }
+        AdminCommand::Backup { file } => {
+            // The relay writes the file: name it absolutely, from here.
+            let file = if file.is_absolute() {
+                file
+            } else {
+                std::env::current_dir()?.join(file)
+            };
+            params.insert("path", file.display().to_string());
+            "backup"
+        }
+        AdminCommand::Metrics => unreachable!("answered above"),
+    };
+    let body = relay_core::wire::canonical::object_to_vec(&params);
+    let auth = format!("Bearer {}", token.trim());
+    let (status, text) = client
+        .post(
+            &format!("{url}/admin/v1/{method}"),
+            &[("authorization", &auth)],
+            body,
+        )
+        .await?;
+    println!("{}", String::from_utf8_lossy(&text));
+    anyhow::ensure!(status == 200, "status {status}");
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RELAY_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     match Cli::parse().command {
         Command::Serve(a) => {
-            let running = relay_host_wasmtime::start(settings(a)?).await?;
-            println!("relay listening on {} as {}", running.addr, running.url);
+            let settings = settings(a)?;
+            init_logs(settings.log_format);
+            let running = relay_host_wasmtime::start(settings).await?;
+            println!(
+                "relay listening on {} as {}; admin on {}",
+                running.addr, running.url, running.admin_url
+            );
             shutdown_signal().await;
             tracing::info!("shutting down: finishing in-flight requests");
             running.stop().await;
             Ok(())
         }
-        Command::Admin { data, url, what } => {
-            let token = std::fs::read_to_string(data.join("admin.token"))?;
-            let mut params = relay_core::wire::json::Object::new();
-            match what
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>()
-                .as_slice()
-            {
-                ["deliveries"] => {}
-                ["deliveries", state] => params.insert("state", *state),
-                _ => anyhow::bail!("usage: relay admin deliveries [pending|failed]"),
-            }
-            let peers = relay_host_wasmtime::admin_client();
-            let body = relay_core::wire::canonical::object_to_vec(&params);
-            let auth = format!("Bearer {}", token.trim());
-            let (status, text) = peers
-                .post(
-                    &format!("{url}/admin/v1/deliveries"),
-                    &[("authorization", &auth)],
-                    body,
-                )
-                .await?;
-            println!("{}", String::from_utf8_lossy(&text));
-            anyhow::ensure!(status == 200, "status {status}");
-            Ok(())
+        Command::Admin(a) => {
+            init_logs(LogFormat::Text);
+            admin(a).await
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Calls to other relays: deliveries and route lookups (signed), and peers' published keys.
 
 use crate::guest::{Outcome, PeerMethod, PeerRequest};
+use crate::ops::AttemptOutcome;
 use crate::{now_ms, App};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -156,6 +157,7 @@ pub async fn attempt(app: Arc<App>, req: PeerRequest) {
     };
     let url = format!("{}/relay/v1/{method}", req.target);
     let (target, body) = (req.target.clone(), req.body.clone());
+    let started = std::time::Instant::now();
     let headers = app
         .core
         .run(move |c| c.sign_request(method, &target, &body, now_ms()))
@@ -189,6 +191,15 @@ pub async fn attempt(app: Arc<App>, req: PeerRequest) {
             }
         }
     };
+    app.metrics.attempt(
+        match &outcome {
+            Outcome::Answered(_) => AttemptOutcome::Answered,
+            Outcome::Rejected(_) => AttemptOutcome::Rejected,
+            Outcome::Unknown => AttemptOutcome::Unknown,
+            Outcome::NotAttempted => AttemptOutcome::NotAttempted,
+        },
+        started.elapsed(),
+    );
     let (task, attempt) = (req.task, req.attempt);
     let effects = app
         .core

@@ -1,7 +1,9 @@
-//! The transports of protocol.md §6 on one port: HTTP, WebSocket, relay RPC, `/.well-known/relay`.
+//! The transports of protocol.md §6 on one port: HTTP, WebSocket, relay RPC, `/.well-known/relay`,
+//! and health checks; and the admin listener: the operator API, `/metrics` and health checks.
 
 use crate::guest::{Caller, RelayHeaders, Reply};
 use crate::hub::Outgoing;
+use crate::net::PeerAddr;
 use crate::{now_ms, App};
 use axum::body::Body;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -27,15 +29,80 @@ const RELAY_METHODS: &[&str] = &[
     "device.list",
 ];
 
-/// The relay's routes.
+/// The relay's public routes (the admin API is not among them).
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/ws", get(websocket))
         .route("/v1/{method}", post(client_call))
         .route("/relay/v1/{method}", post(relay_call))
-        .route("/admin/v1/{method}", post(admin_call))
         .route("/.well-known/relay", get(well_known))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .with_state(app)
+}
+
+/// The admin listener's routes: the operator API (token), metrics and health checks.
+pub fn admin_router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/admin/v1/{method}", post(admin_call))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(app)
+}
+
+fn text_response(status: StatusCode, content_type: &'static str, body: String) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static(content_type));
+    r
+}
+
+/// Live: the process serves.
+async fn healthz() -> Response {
+    text_response(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into())
+}
+
+/// Ready: the storage takes commits, the core instance is healthy, and shutdown has not begun.
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    match app.health.not_ready() {
+        None => text_response(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            "ready\n".into(),
+        ),
+        Some(why) => text_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            format!("not ready: {why}\n"),
+        ),
+    }
+}
+
+/// The core's counts, then the host's own, in the Prometheus text format (0.0.4).
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let core = app.core.run(|c| Some(c.metrics())).await;
+    match core {
+        Some(Ok(mut text)) => {
+            text.push_str(&app.metrics.render());
+            text_response(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text,
+            )
+        }
+        Some(Err(e)) => text_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain; charset=utf-8",
+            format!("the core's metrics could not be read: {e}\n"),
+        ),
+        None => text_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain; charset=utf-8",
+            "the core's metrics could not be read\n".into(),
+        ),
+    }
 }
 
 fn json_response(status: u16, body: Vec<u8>) -> Response {
@@ -127,9 +194,15 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
     v.strip_prefix("Bearer ").map(|t| t.trim().to_string())
 }
 
+/// Whether the request carries the operator token; the bytes are compared in constant time.
+fn is_operator(app: &App, headers: &HeaderMap) -> bool {
+    use subtle::ConstantTimeEq;
+    bearer(headers).is_some_and(|t| bool::from(t.as_bytes().ct_eq(app.admin_token.as_bytes())))
+}
+
 async fn client_call(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(PeerAddr(peer)): ConnectInfo<PeerAddr>,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -155,20 +228,23 @@ async fn client_call(
 
 async fn admin_call(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(PeerAddr(peer)): ConnectInfo<PeerAddr>,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (body, _) = match read_body(&app, &headers, body).await {
+    let (body, parsed) = match read_body(&app, &headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    if bearer(&headers).as_deref() != Some(app.admin_token.as_str()) {
+    if !is_operator(&app, &headers) {
         return error_response(
             relay_core::ErrorCode::Unauthenticated,
             "operator token required",
         );
+    }
+    if method == "backup" {
+        return backup(&app, &parsed).await;
     }
     reply_response(
         app.call(
@@ -179,6 +255,35 @@ async fn admin_call(
         )
         .await,
     )
+}
+
+/// `POST /admin/v1/backup {"path": FILE}`: a consistent copy of the database to FILE (an
+/// absolute path on the relay's machine), taken between commit groups.
+async fn backup(app: &App, params: &Object) -> Response {
+    let path = match params.get("path").and_then(Value::as_str) {
+        Some(p) if std::path::Path::new(p).is_absolute() => std::path::PathBuf::from(p),
+        _ => {
+            return error_response(
+                relay_core::ErrorCode::InvalidParams,
+                "backup takes {\"path\": an absolute file name}",
+            )
+        }
+    };
+    let started = std::time::Instant::now();
+    let target = path.clone();
+    match app.core.alone(move |c| c.backup(&target)).await {
+        Ok(bytes) => {
+            tracing::info!(path = %path.display(), bytes, ms = started.elapsed().as_millis() as u64, "backup written");
+            let mut o = Object::new();
+            o.insert("path", path.display().to_string());
+            o.insert("bytes", bytes);
+            json_response(200, canonical::to_vec(&Value::Object(o)))
+        }
+        Err(e) => {
+            tracing::error!("backup to {}: {e}", path.display());
+            error_response(relay_core::ErrorCode::Internal, &format!("backup: {e}"))
+        }
+    }
 }
 
 fn relay_headers(h: &HeaderMap) -> Option<RelayHeaders> {
@@ -193,7 +298,7 @@ fn relay_headers(h: &HeaderMap) -> Option<RelayHeaders> {
 
 async fn relay_call(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(PeerAddr(peer)): ConnectInfo<PeerAddr>,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -264,7 +369,7 @@ async fn well_known(State(app): State<Arc<App>>) -> Response {
 
 async fn websocket(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(PeerAddr(peer)): ConnectInfo<PeerAddr>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
     up: WebSocketUpgrade,
@@ -323,6 +428,15 @@ async fn serve_socket(
     origin: Option<String>,
 ) {
     use futures_util::{SinkExt, StreamExt};
+    /// Takes the socket off `relay_open_websockets` however the task ends.
+    struct Open(prometheus_client::metrics::gauge::Gauge);
+    impl Drop for Open {
+        fn drop(&mut self) {
+            self.0.dec();
+        }
+    }
+    app.metrics.open_websockets.inc();
+    let _open = Open(app.metrics.open_websockets.clone());
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     let conn = app.hub.add(&info.account, &info.device_id, tx.clone());

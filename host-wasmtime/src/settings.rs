@@ -6,10 +6,36 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// How log lines are written to stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, plus one line per accepted message and per ended delivery.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<LogFormat, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("log format {s:?}: text or json")),
+        }
+    }
+}
+
 /// Everything needed to start a relay.
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub listen: SocketAddr,
+    /// The admin listener (`/admin/v1/*`, `/metrics`, health): loopback by default, port
+    /// chosen by the system; its URL is written to `DATA/admin.url`.
+    pub admin_listen: SocketAddr,
+    pub log_format: LogFormat,
     /// The public relay id; default `http://` + the listen address.
     pub url: Option<String>,
     /// Data directory (SQLite database, relay key); `None` keeps everything in memory.
@@ -27,6 +53,8 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log_format: LogFormat::Text,
             url: None,
             data: Some(PathBuf::from(".relay")),
             network: "dev".into(),
@@ -43,6 +71,8 @@ impl Default for Settings {
 #[serde(deny_unknown_fields)]
 pub struct FileSettings {
     pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    pub log_format: Option<LogFormat>,
     pub url: Option<String>,
     pub data: Option<String>,
     pub network: Option<String>,
@@ -60,6 +90,14 @@ impl Settings {
         let f: FileSettings = toml::from_str(text)?;
         if let Some(l) = f.listen {
             self.listen = l.parse()?;
+        }
+        if let Some(l) = f.admin_listen {
+            self.admin_listen = l
+                .parse()
+                .map_err(|e| anyhow::anyhow!("admin_listen {l}: {e}"))?;
+        }
+        if let Some(f) = f.log_format {
+            self.log_format = f;
         }
         if f.url.is_some() {
             self.url = f.url;

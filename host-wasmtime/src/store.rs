@@ -59,6 +59,65 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// Copies the database as it stands (every committed transaction, nothing else) to
+    /// `path` with SQLite's online backup API, over this connection (which holds the
+    /// database's exclusive lock, so no other process could read it). The copy is written
+    /// beside `path` with mode 0600, made a plain rollback-journal database (one file,
+    /// no WAL), synced, then renamed over `path`; the bytes written.
+    pub fn backup_to(&self, path: &Path) -> Result<u64, String> {
+        let name = path
+            .file_name()
+            .ok_or_else(|| format!("{}: not a file name", path.display()))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut partial_name = name.to_os_string();
+        partial_name.push(".partial");
+        let partial = dir.join(partial_name);
+        let _ = std::fs::remove_file(&partial);
+        let result = Self::copy_into(&self.conn, &partial).and_then(|bytes| {
+            std::fs::rename(&partial, path).map_err(|e| {
+                format!("renaming {} to {}: {e}", partial.display(), path.display())
+            })?;
+            if let Ok(d) = std::fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+            Ok(bytes)
+        });
+        if result.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        result
+    }
+
+    fn copy_into(conn: &Connection, partial: &Path) -> Result<u64, String> {
+        let at = |e: &dyn std::fmt::Display| format!("{}: {e}", partial.display());
+        {
+            let mut create = std::fs::OpenOptions::new();
+            create.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut create, 0o600);
+            create.open(partial).map_err(|e| at(&e))?;
+        }
+        let mut dst = Connection::open(partial).map_err(|e| at(&e))?;
+        {
+            let backup = rusqlite::backup::Backup::new(conn, &mut dst).map_err(|e| at(&e))?;
+            // All pages in one step: the caller runs between commit groups, so nothing
+            // writes the database meanwhile and the copy is one consistent state.
+            match backup.step(-1).map_err(|e| at(&e))? {
+                rusqlite::backup::StepResult::Done => {}
+                other => return Err(at(&format!("the backup did not finish ({other:?})"))),
+            }
+        }
+        // The copy carries the source's WAL flag: make it one self-contained file.
+        dst.pragma_update(None, "journal_mode", "DELETE")
+            .map_err(|e| at(&e))?;
+        drop(dst);
+        let f = std::fs::File::open(partial).map_err(|e| at(&e))?;
+        f.sync_all().map_err(|e| at(&e))?;
+        Ok(f.metadata().map_err(|e| at(&e))?.len())
+    }
+}
+
 impl Storage for SqliteStore {
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         let mut st = self
