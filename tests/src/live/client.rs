@@ -317,10 +317,10 @@ impl Client {
             .collect()
     }
 
-    /// An operator call (`admin.*`) with the relay's token.
+    /// An operator call (`admin.*`) with the relay's token, on its admin listener.
     pub fn admin(&self, relay: &Relay, method: &str, p: &Object) -> (u16, Value) {
         self.http.post(
-            &format!("{}/admin/v1/{method}", relay.api()),
+            &format!("{}/admin/v1/{method}", relay.admin_api()),
             Some(&relay.admin_token()),
             &canonical::object_to_vec(p),
         )

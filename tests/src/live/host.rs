@@ -135,6 +135,16 @@ impl Relay {
         self.opts.url.clone().unwrap_or_else(|| self.api())
     }
 
+    /// Where its admin listener is (the operator API, `/metrics`, health checks): the URL
+    /// the relay wrote to `admin.url` in its data directory. A relay that writes none
+    /// serves the admin API on its public port, so that is the fallback.
+    pub fn admin_api(&self) -> String {
+        match std::fs::read_to_string(self.data.join("admin.url")) {
+            Ok(url) if !url.trim().is_empty() => url.trim().trim_end_matches('/').to_string(),
+            _ => self.api(),
+        }
+    }
+
     /// The operator token it keeps in its data directory.
     pub fn admin_token(&self) -> String {
         // Both hosts keep the token's bytes as base64url text; the bearer is that text.
