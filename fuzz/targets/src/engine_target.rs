@@ -10,7 +10,8 @@
 //! reach acceptance, delivery and the timeline, then given a defect when the
 //! input says so, or raw bytes), from the natural caller or any other, at the
 //! world's time or any other; carrying relay requests between the relays (or
-//! reporting any outcome instead); ticks; time jumps; restarts.
+//! reporting any outcome instead); ticks; time jumps; restarts; policy changes;
+//! relay authentication (`authenticate_relay`) and `session_info`.
 //!
 //! Oracle, on every answer: no panic; the body is strict canonical JSON; an
 //! error has a protocol code, is never `internal` (memory storage cannot
@@ -22,7 +23,9 @@
 //! at once answers identically (or is rate limited, except the idempotent
 //! message.send and message.deliver), session.open excepted (its nonce is
 //! spent); effects are well formed; ticks commit; after restarts the state
-//! loads (next wake-up, a tick, every stored value a JSON record).
+//! loads (next wake-up, a tick, every stored value a JSON record, the relay's
+//! well-known document reads back); an authenticated relay request's nonce is refused
+//! when it comes again; `session_info` names the device the session was opened for.
 
 use crate::input::Input;
 use rand::{RngCore, SeedableRng};
@@ -34,7 +37,7 @@ use relay_core::wire::envelope::MessageEnvelope;
 use relay_core::wire::identity::{AccountId, DeviceId, RelayId};
 use relay_core::wire::json::{self, Number, Object, Value, MAX_SAFE_INTEGER};
 use relay_core::wire::key_box::KeyBox;
-use relay_core::wire::{base64url, canonical};
+use relay_core::wire::{base64url, canonical, relay_request};
 use relay_core::ErrorCode;
 use relay_tests::{TestEntropy, World, NET};
 use std::collections::{BTreeMap, HashMap};
@@ -186,7 +189,7 @@ struct Request {
     caller: Caller,
     method: String,
     params: Vec<u8>,
-    /// (from, message_id, to) of the envelope the params carry, when built here.
+    /// (from, message_id, to) of the envelope the final params carry (send and deliver).
     envelope: Option<(String, String, String)>,
     /// Who gets the session an accepted session.open returns: (account, device).
     opens: Option<(usize, usize)>,
@@ -287,7 +290,12 @@ impl<'a> Sim<'a> {
                 7 | 8 => self.op_advance(),
                 _ => {
                     let n = self.m.choose(self.nodes.len());
-                    self.restart(n);
+                    match self.m.choose(6) {
+                        0 | 1 => self.restart(n),
+                        2 => self.op_policy(n),
+                        3 | 4 => self.op_relay_auth(n),
+                        _ => self.op_session_info(n),
+                    }
                 }
             }
         }
@@ -378,8 +386,127 @@ impl<'a> Sim<'a> {
                 });
             }
         }
+        let key = [n as u8 + 1; 32];
+        let doc = canonical::to_vec(&self.nodes[n].engine.well_known(&key));
+        let id = self.nodes[n].id.clone();
+        assert_eq!(
+            relay_request::parse_well_known(&doc, &id, NET).ok(),
+            Some(key),
+            "the relay's own /.well-known/relay does not read back"
+        );
         let now = self.now;
         self.tick(n, now);
+    }
+
+    /// A policy changed at run time (not retention: the oracle's windows follow it).
+    fn op_policy(&mut self, n: usize) {
+        const NAMES: [&str; 16] = [
+            "clock_tolerance",
+            "message_delivery_age_limit",
+            "max_request_bytes",
+            "max_boxes",
+            "max_devices",
+            "retry_initial",
+            "retry_max",
+            "send_rate",
+            "deliver_rate",
+            "deliver_rate_per_account",
+            "session_ttl",
+            "anonymous_rate",
+            "account_request_rate",
+            "deliver_rate_per_sender",
+            "max_accounts",
+            "max_sync_bytes",
+        ];
+        let name = NAMES[self.m.choose(NAMES.len())];
+        let value = match self.m.choose(5) {
+            0 => 0,
+            1 => 1,
+            2 => u64::from(self.m.u8()),
+            3 => u64::from(self.m.u32()),
+            _ => MAX_SAFE_INTEGER,
+        };
+        let mut policies = self.nodes[n].config.policies.clone();
+        if policies.set(name, value).is_ok() {
+            self.nodes[n].config.policies = policies.clone();
+            self.nodes[n].engine.set_policies(policies);
+        }
+    }
+
+    /// Relay authentication: a request signed by the other relay, as is or with one
+    /// defect; an accepted (relay, nonce) is refused when it comes again.
+    fn op_relay_auth(&mut self, n: usize) {
+        let source = 1 - n;
+        let seed = [40 + source as u8; 32];
+        let key = relay_request::public_key(&seed);
+        let (from, me) = (self.nodes[source].id.clone(), self.nodes[n].id.clone());
+        let ts = self.at();
+        let nonce: [u8; 16] = match self.m.choose(4) {
+            0..=2 => {
+                let mut b = [0u8; 16];
+                self.rng.fill_bytes(&mut b);
+                b
+            }
+            _ => [1; 16],
+        };
+        let body = self.m.bytes(24).to_vec();
+        let mut h =
+            relay_request::sign(&seed, NET, "message.deliver", &from, &me, ts, &nonce, &body);
+        let mut with_key = key;
+        match self.m.choose(8) {
+            0..=4 => {}
+            5 => with_key = relay_request::public_key(&[99; 32]),
+            6 => h.signature = base64url::encode(&[7; 64]),
+            _ => h.timestamp = format!("0{}", h.timestamp),
+        }
+        let now = self.now;
+        let tolerance = self.nodes[n].config.policies.clock_tolerance;
+        let Ok(pre) =
+            relay_request::precheck(&h, NET, &me, "message.deliver", &body, now, tolerance)
+        else {
+            return;
+        };
+        match self.nodes[n]
+            .engine
+            .authenticate_relay(&pre, &with_key, now)
+        {
+            Ok(id) => {
+                assert_eq!(id, from, "authenticated as another relay");
+                let again = self.nodes[n]
+                    .engine
+                    .authenticate_relay(&pre, &with_key, now);
+                assert!(
+                    matches!(&again, Err(e) if e.code == ErrorCode::Unauthenticated),
+                    "a relay request nonce was accepted twice: {again:?}"
+                );
+            }
+            Err(e) => assert_ne!(e.code, ErrorCode::Internal, "relay authentication: {e}"),
+        }
+    }
+
+    /// `Engine::session_info` for a token a device holds (or any other).
+    fn op_session_info(&mut self, n: usize) {
+        let a = self.account();
+        let d = self.m.choose(self.accounts[a].devices.len());
+        let token = match (self.m.choose(4), &self.accounts[a].sessions[d]) {
+            (0..=2, Some(t)) => t.clone(),
+            _ => random_id(&mut self.rng),
+        };
+        let now = self.now;
+        match self.nodes[n].engine.session_info(&token, now) {
+            Ok(info) => {
+                assert!(info.expires_at > now, "a session past its expiry: {info:?}");
+                if self.accounts[a].sessions[d].as_ref() == Some(&token) {
+                    assert_eq!(
+                        info.account,
+                        self.accounts[a].id(),
+                        "another account's session"
+                    );
+                    assert_eq!(info.device_id, self.accounts[a].devices[d].id().as_str());
+                }
+            }
+            Err(e) => assert_ne!(e.code, ErrorCode::Internal, "session_info: {e}"),
+        }
     }
 
     fn absorb(&mut self, n: usize, effects: &[Effect]) {
@@ -1347,12 +1474,7 @@ impl<'a> Sim<'a> {
     }
 
     /// message.send params from device `d` of `from` to `to` (`None`: a stranger).
-    fn message(
-        &mut self,
-        from: usize,
-        d: usize,
-        to: Option<usize>,
-    ) -> (Object, (String, String, String)) {
+    fn message(&mut self, from: usize, d: usize, to: Option<usize>) -> Object {
         let to_key = match to {
             Some(t) => self.accounts[t].key.id(),
             None => AccountKey::generate(&mut self.rng).id(),
@@ -1402,12 +1524,9 @@ impl<'a> Sim<'a> {
             10 => env.sign(&self.accounts[from].key),
             _ => env.set("sig", base64url::encode(&[7u8; 64])).unsigned(),
         };
-        let (to_id, to_devices): (String, Vec<DeviceKey>) = match to {
-            Some(t) => (self.accounts[t].id(), self.accounts[t].devices.clone()),
-            None => (
-                to_key.as_str().to_string(),
-                vec![DeviceKey::generate(&mut self.rng)],
-            ),
+        let to_devices = match to {
+            Some(t) => self.accounts[t].devices.clone(),
+            None => vec![DeviceKey::generate(&mut self.rng)],
         };
         let picks: Vec<DeviceKey> = match self.m.choose(5) {
             0..=2 => to_devices,
@@ -1464,32 +1583,28 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        let from_id = self.accounts[from].id();
-        (p, (from_id, id, to_id))
+        p
     }
 
     fn message_send(&mut self) -> Request {
         if !self.sends.is_empty() && self.m.chance(15) {
             // An exact earlier request again (a client's retry).
             let (a, p) = self.sends[self.m.choose(self.sends.len())].clone();
-            let env = envelope_key(&p);
             let d = self.device_of(a, &p);
             let mut r = self.as_account(a, "message.send", p);
             r.caller = self.session(a, d);
-            r.envelope = env;
             return r;
         }
         let from = self.account();
         let d = self.m.choose(self.accounts[from].devices.len());
         let t = self.m.choose(self.accounts.len() + 1);
         let to = (t < self.accounts.len()).then_some(t);
-        let (p, env) = self.message(from, d, to);
+        let p = self.message(from, d, to);
         if self.sends.len() < 32 {
             self.sends.push((from, p.clone()));
         }
         let mut r = self.as_account(from, "message.send", p);
         r.caller = self.session(from, d);
-        r.envelope = Some(env);
         r
     }
 
@@ -1513,7 +1628,7 @@ impl<'a> Sim<'a> {
         let d = self.m.choose(self.accounts[from].devices.len());
         let t = self.m.choose(self.accounts.len() + 1);
         let to = (t < self.accounts.len()).then_some(t);
-        let (mut p, env) = self.message(from, d, to);
+        let mut p = self.message(from, d, to);
         p.remove("sender_boxes");
         p.remove("recipient_route");
         let cert = match self.m.choose(8) {
@@ -1535,9 +1650,7 @@ impl<'a> Sim<'a> {
         p.insert("device_certificate", cert);
         let source = Caller::Relay(self.nodes[self.accounts[from].home].id.clone());
         let node = to.map_or(0, |t| self.accounts[t].home);
-        let mut r = self.plain(node, source, "message.deliver", p);
-        r.envelope = Some(env);
-        r
+        self.plain(node, source, "message.deliver", p)
     }
 
     /// One defect in an object: a member removed, replaced or added.
