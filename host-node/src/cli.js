@@ -166,7 +166,7 @@ export async function main(argv) {
     return 1;
   }
   const srv = await serve(relay, { host, port });
-  if (s.logFormat === 'json') console.log(JSON.stringify({ ts: new Date().toISOString(), level: 'info', msg: 'listening', listen: `${host}:${srv.port}`, url, admin_url: srv.adminUrl }));
+  if (s.logFormat === 'json') console.log(JSON.stringify({ timestamp: new Date().toISOString(), level: 'INFO', message: 'listening', listen: `${host}:${srv.port}`, url, admin_url: srv.adminUrl }));
   else console.log(`relay-node listening on ${host}:${srv.port} as ${url} (admin ${srv.adminUrl})`);
   let stopping = false;
   const stop = async () => {

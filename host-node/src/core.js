@@ -88,6 +88,8 @@ export class Core {
     this.inner = instance(mod, config, storage, seed);
     /** False from a trap until a fresh instance stands (for /readyz). */
     this.healthy = true;
+    /** False while the last group commit failed (for /readyz): the storage does not take writes. */
+    this.committing = true;
     /** Called with the fresh instance's next wake-up (ms, or -1) after each recovery from a trap. */
     this.onRecover = null;
     /** Answers of the open commit group, released after its flush: `[reply, resolve]`. */
@@ -123,8 +125,10 @@ export class Core {
     try {
       // A group that wrote nothing commits nothing, and is not counted.
       if (this.storage.flush()) this.metrics?.commit(group.length, (performance.now() - started) / 1000);
+      this.committing = true;
     } catch (e) {
       durable = false;
+      this.committing = false;
       this.log.error(`group commit of ${group.length} calls failed: ${messageOf(e)}`);
     }
     for (const [reply, resolve] of group) resolve(durable ? reply : JSON.parse(INTERNAL));

@@ -2,6 +2,7 @@
 // both the in-process server and the relay thread (relay-thread.js) route requests.
 
 import crypto from 'node:crypto';
+import path from 'node:path';
 import { messageOf } from './log.js';
 
 const RELAY_METHODS = new Set(['message.deliver', 'route.get', 'route.publish', 'device.list']);
@@ -103,18 +104,18 @@ export class Dispatch {
 
   /**
    * `POST /admin/v1/backup {"path": FILE}`: a consistent copy of the running relay's
-   * database at FILE (absolute, new, created 0600).
+   * database at FILE (absolute; written whole with mode 0600, replacing any file there).
    * @param {string} text
    * @returns {Promise<Answer>}
    */
   async backup(text) {
     const p = JSON.parse(text);
-    if (typeof p.path !== 'string' || Object.keys(p).some((k) => k !== 'path')) return { status: 400, body: errorBody('invalid_params', 'backup takes {"path": FILE}') };
+    if (typeof p.path !== 'string' || !path.isAbsolute(p.path)) return { status: 400, body: errorBody('invalid_params', 'backup takes {"path": an absolute file name}') };
     try {
       return { status: 200, body: await this.relay.backup(p.path) };
     } catch (e) {
-      this.log.warn(`backup to ${p.path} failed: ${messageOf(e)}`);
-      return { status: 400, body: errorBody('invalid_params', `backup failed: ${messageOf(e)}`) };
+      this.log.error(`backup to ${p.path}: ${messageOf(e)}`);
+      return { status: 500, body: errorBody('internal', `backup: ${messageOf(e)}`) };
     }
   }
 

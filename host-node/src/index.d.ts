@@ -9,7 +9,8 @@ export type LogFormat = 'text' | 'json';
 export type LogFields = Record<string, string | number | boolean | null | undefined | object>;
 
 /**
- * A relay's log. In `json`, every line is `{ts, level, msg, ...fields}`, and each accepted
+ * A relay's log. In `json`, every line is `{timestamp, level, message, ...fields}` (level
+ * `ERROR`, `WARN`, `INFO` or `DEBUG`, as the wasmtime host's tracing json), and each accepted
  * message and each terminal delivery outcome is a line of its own (ids only):
  * `{event: 'accepted', method, message_id, from, to, status}` and
  * `{event: 'delivery_ended', message_id, from, to, status, error_code}`. In `text` those
@@ -38,8 +39,8 @@ export interface Readiness {
 export interface BackupResult {
   /** The file (absolute). */
   path: string;
-  /** SQLite pages copied. */
-  pages: number;
+  /** Its size. */
+  bytes: number;
 }
 
 /** Storage the core runs on: synchronous, ordered, atomic batches. */
@@ -53,7 +54,7 @@ export interface Storage {
   close?(): void;
   /** False once the storage is closed (`/readyz`); absent means open. */
   readonly isOpen?: boolean;
-  /** Copies the store to a new file (created 0600) while it is in use; needed for `admin backup`. */
+  /** Copies the store to a file (written whole, mode 0600) while it is in use; needed for `admin backup`. */
   backup?(file: string): Promise<BackupResult>;
 }
 
@@ -74,9 +75,10 @@ export class SqliteStorage implements Storage {
   close(): void;
   readonly isOpen: boolean;
   /**
-   * A consistent copy of the database at `file` (which must not exist; created 0600) with
-   * SQLite's online backup API, while the relay goes on: commits made during the copy are
-   * carried into it, so it holds exactly what was committed when it ends.
+   * A consistent copy of the database at `file` with SQLite's online backup API, while the
+   * relay goes on: commits made during the copy are carried into it, so it holds exactly
+   * what was committed when it ends. Made in `file.partial` (0600), one self-contained file
+   * (journal mode DELETE), synced, then renamed over `file`.
    */
   backup(file: string): Promise<BackupResult>;
   /** Told of each commit made outside a commit group: `(1, seconds)`. */
@@ -143,7 +145,7 @@ export class Relay extends EventEmitter {
   ready(): Readiness;
   /** The core's counters and pending deliveries, then the host's metrics (attempts, commits, ticks, traps, restarts), Prometheus text. */
   metricsText(): Promise<string>;
-  /** A consistent copy of the running relay's SQLite database at `file` (absolute, new, created 0600). */
+  /** A consistent copy of the running relay's SQLite database at `file` (absolute; written whole, mode 0600, replacing any file there). */
   backup(file: string): Promise<BackupResult>;
   /** Stops timers, waits for deliveries in flight, closes the storage. */
   close(): Promise<void>;

@@ -2,7 +2,8 @@
 //
 // Levels as in the wasmtime host: RELAY_LOG=error|warn|info|debug (default info; a
 // tracing-style filter such as `relay=debug` is read for its last level word). In json,
-// every line is an object `{ts, level, msg, ...fields}`; the per-message events (`accepted`,
+// every line is an object `{timestamp, level, message, ...fields}` (the keys and level names
+// of the wasmtime host's tracing json, so one parser reads both); the per-message events (`accepted`,
 // `delivery_ended`) are info lines of their own, and in text they appear at debug only, so
 // a relay that logs text pays nothing for them. Events carry ids only, never bodies or keys.
 
@@ -47,7 +48,7 @@ export class Log {
   line(level, msg, fields) {
     if (LEVELS.indexOf(level) > this.rank) return;
     if (this.format === 'json') {
-      this.write(JSON.stringify({ ts: new Date().toISOString(), level, msg, ...fields }));
+      this.write(JSON.stringify({ timestamp: new Date().toISOString(), level: level.toUpperCase(), message: msg, ...fields }));
     } else {
       const extra = fields ? Object.entries(fields).filter(([, v]) => v !== undefined).map(([k, v]) => ` ${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`).join('') : '';
       this.write(`${new Date().toISOString()} ${level.toUpperCase().padStart(5)} ${msg}${extra}`);
@@ -78,7 +79,7 @@ export class Log {
    */
   event(e) {
     if (!this.events) return;
-    if (this.format === 'json') this.write(JSON.stringify({ ts: new Date().toISOString(), level: 'info', ...e }));
+    if (this.format === 'json') this.write(JSON.stringify({ timestamp: new Date().toISOString(), level: 'INFO', ...e }));
     else this.line('debug', e.event, { ...e, event: undefined });
   }
 }

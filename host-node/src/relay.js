@@ -152,7 +152,9 @@ export class Relay extends EventEmitter {
     const started = performance.now();
     const t = this.core.tick(Date.now());
     this.metrics.tick.observe((performance.now() - started) / 1000);
-    for (const q of t.quarantined ?? []) this.log.warn('tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it)', q);
+    for (const q of t.quarantined ?? []) {
+      this.log.warn('tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it)', { entry: q.entry, code: q.code, error: q.message });
+    }
     if (t.error) this.log.warn(`tick could not commit: ${t.error}; it runs again`);
     this.#run(t.effects);
     this.#schedule(this.core.nextWake());
@@ -283,13 +285,15 @@ export class Relay extends EventEmitter {
   }
 
   /**
-   * Whether the relay can serve: its storage is open, its core instance is healthy (not
-   * between a trap and a fresh instance) and it is not shutting down.
+   * Whether the relay can serve: its storage is open and took the last group commit, its
+   * core instance is healthy (not between a trap and a fresh instance) and it is not
+   * shutting down.
    * @returns {{ready: boolean, reason?: string}}
    */
   ready() {
     if (this.closed) return { ready: false, reason: 'shutting down' };
     if (this.storage?.isOpen === false) return { ready: false, reason: 'storage closed' };
+    if (!this.core.committing) return { ready: false, reason: 'the last commit failed' };
     if (!this.core.healthy) return { ready: false, reason: 'core instance not running' };
     return { ready: true };
   }
@@ -305,17 +309,19 @@ export class Relay extends EventEmitter {
   }
 
   /**
-   * Copies the SQLite database to `file` (absolute; created 0600, must not exist) while the
-   * relay runs, through the relay's own connection (storage.js `backup`).
+   * Copies the SQLite database to `file` (absolute; written whole with mode 0600, replacing
+   * any file there) while the relay runs, through the relay's own connection (storage.js
+   * `backup`).
    * @param {string} file
-   * @returns {Promise<{path: string, pages: number}>}
+   * @returns {Promise<{path: string, bytes: number}>}
    */
   async backup(file) {
     if (typeof this.storage?.backup !== 'function') throw new Error('backup needs SQLite storage (this relay has none)');
     if (typeof file !== 'string' || !path.isAbsolute(file)) throw new Error('backup needs an absolute path');
     if (this.closed) throw new Error('the relay is shutting down');
+    const started = performance.now();
     const r = await this.storage.backup(file);
-    this.log.info(`backup written to ${r.path} (${r.pages} pages)`);
+    this.log.info('backup written', { path: r.path, bytes: r.bytes, ms: Math.round(performance.now() - started) });
     return r;
   }
 

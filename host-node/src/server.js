@@ -245,7 +245,7 @@ export async function serve(relay, opts = {}) {
   await listen(admin, parseAddr(opts.admin ?? front.adminListen ?? '127.0.0.1:0'));
   const adminUrl = baseUrl(admin);
   if (adminFile) {
-    fs.writeFileSync(`${adminFile}.tmp`, `${adminUrl}\n`);
+    fs.writeFileSync(`${adminFile}.tmp`, `${adminUrl}\n`, { mode: 0o600 });
     fs.renameSync(`${adminFile}.tmp`, adminFile);
   }
   log.info('admin listener (admin API, /metrics, /healthz, /readyz)', { admin_url: adminUrl });

@@ -209,20 +209,41 @@ export class SqliteStorage {
    * Copies the database to `file` with SQLite's online backup API while the relay runs.
    * Writes through this connection during the copy are carried into it as they commit, so
    * the copy holds exactly the transactions committed when it ends (a group still open is
-   * not in it: its callers have no answer yet). The file is created 0600 and must not exist.
+   * not in it: its callers have no answer yet). The copy is made in `FILE.partial` (created
+   * 0600), made one self-contained file (journal mode DELETE), synced, and renamed over
+   * `file`, so `file` is never half-written; as the wasmtime host does.
    * @param {string} file
-   * @returns {Promise<{path: string, pages: number}>}
+   * @returns {Promise<{path: string, bytes: number}>}
    */
   async backup(file) {
-    const fd = fs.openSync(file, 'wx', 0o600);
-    fs.closeSync(fd);
+    const partial = `${file}.partial`;
+    fs.rmSync(partial, { force: true });
+    fs.closeSync(fs.openSync(partial, 'wx', 0o600));
     try {
-      // Large steps: fewer turns of the event loop between them.
-      const r = await this.db.backup(file, { progress: () => 4096 });
-      fs.chmodSync(file, 0o600);
-      return { path: file, pages: r.totalPages };
+      // Large steps: few turns of the event loop between them; commits may run in between.
+      await this.db.backup(partial, { progress: () => 4096 });
+      const copy = new Database(partial);
+      try {
+        copy.pragma('journal_mode = DELETE');
+      } finally {
+        copy.close();
+      }
+      const fd = fs.openSync(partial, 'r+');
+      try {
+        fs.fsyncSync(fd);
+      } finally {
+        fs.closeSync(fd);
+      }
+      fs.renameSync(partial, file);
+      const dir = fs.openSync(path.dirname(file), 'r');
+      try {
+        fs.fsyncSync(dir);
+      } finally {
+        fs.closeSync(dir);
+      }
+      return { path: file, bytes: fs.statSync(file).size };
     } catch (e) {
-      fs.rmSync(file, { force: true });
+      fs.rmSync(partial, { force: true });
       throw e;
     }
   }

@@ -210,7 +210,7 @@ for (const mode of ['in-process', 'relay thread']) {
       const accepted = events.filter((e) => e.event === 'accepted' && e.method === 'message.send');
       assert.equal(accepted.length, 5);
       for (const e of accepted) {
-        assert.deepEqual(Object.keys(e).sort(), ['event', 'from', 'level', 'message_id', 'method', 'status', 'to', 'ts']);
+        assert.deepEqual(Object.keys(e).sort(), ['event', 'from', 'level', 'message_id', 'method', 'status', 'timestamp', 'to']);
         assert.equal(e.from, alice.id.accountId());
       }
       assert.deepEqual(
@@ -229,7 +229,8 @@ for (const mode of ['in-process', 'relay thread']) {
       assert.deepEqual(byId[toDora.id], { ...byId[toDora.id], from: alice.id.accountId(), to: dora.id.accountId(), status: 'failed', error_code: 'discovery_disabled' });
       assert.equal(byId[toErin.id], undefined, 'still pending');
       for (const l of lines) {
-        assert.equal(typeof l.ts, 'string');
+        assert.equal(typeof l.timestamp, 'string');
+        assert.match(l.level, /^(ERROR|WARN|INFO|DEBUG)$/);
         assert.ok(!('body' in l) && !('envelope' in l) && !('params' in l), JSON.stringify(l));
       }
     }
@@ -338,13 +339,14 @@ test('a store written by a newer relay (meta/schema "2") is refused: createRelay
   fs.rmSync(fresh, { recursive: true });
 });
 
-test('relay-node serve --log-format json: every line is one JSON object', async () => {
+test('relay-node serve --log-format json: every line is one JSON object', async (t) => {
   const port = await freePort();
   const data = tmp('json');
   const child = spawn(process.execPath, [BIN, 'serve', '--listen', `127.0.0.1:${port}`, '--data', data, '--log-format', 'json'], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, RELAY_LOG: 'info' },
   });
+  t.after(() => child.kill('SIGKILL'));
   let out = '';
   child.stdout.on('data', (d) => (out += d));
   child.stderr.on('data', (d) => (out += d));
@@ -374,7 +376,7 @@ test('relay-node serve --log-format json: every line is one JSON object', async 
   assert.ok(lines.some((l) => l.admin_url === adminUrl), 'the admin URL is logged');
   assert.ok(lines.some((l) => l.event === 'accepted' && l.to === alice.id.accountId() && l.status === 'target_accepted'));
   assert.ok(!out.includes('secret words') && !out.includes('"envelope"'), 'ids only');
-  assert.ok(lines.some((l) => /shutting down/.test(l.msg ?? '')));
+  assert.ok(lines.some((l) => /shutting down/.test(l.message ?? '')));
   fs.rmSync(data, { recursive: true });
 });
 
@@ -398,9 +400,28 @@ test('a tick entry the core sets aside is logged at warn and counted', async () 
   // The task's record goes bad in storage: the next tick cannot process its due entry.
   const id = JSON.parse(m).envelope.message_id;
   relay.storage.commit([[Buffer.from(`task/${alice.id.accountId()}.${id}`), Buffer.from('{not a task')]]);
-  const warn = await eventually(() => lines.find((l) => l.level === 'warn' && /quarantined/.test(l.msg)));
+  const warn = await eventually(() => lines.find((l) => l.level === 'WARN' && /quarantined/.test(l.message)));
   assert.ok(warn.entry.startsWith('due/') && warn.entry.endsWith(id), JSON.stringify(warn));
   assert.equal(warn.code, 'internal');
   assert.match(await relay.metricsText(), /^relay_tick_entries_quarantined_total 1$/m);
   await relay.close();
+});
+
+test('a failed group commit makes the relay not ready until a commit succeeds again', async () => {
+  const data = tmp('commit');
+  const relay = await createRelay({ relay: 'http://127.0.0.1:1', data });
+  const alice = register(relay);
+  const tx = relay.storage.tx;
+  relay.storage.tx = () => {
+    throw new Error('disk full');
+  };
+  const failed = await relay.callGrouped(as(alice), 'message.send', message(alice, alice, 'lost'));
+  assert.equal(failed.body.error.code, 'internal');
+  assert.deepEqual(relay.ready(), { ready: false, reason: 'the last commit failed' });
+  relay.storage.tx = tx;
+  const ok = await relay.callGrouped(as(alice), 'message.send', message(alice, alice, 'kept'));
+  assert.equal(ok.status, 200, JSON.stringify(ok.body));
+  assert.deepEqual(relay.ready(), { ready: true });
+  await relay.close();
+  fs.rmSync(data, { recursive: true });
 });
