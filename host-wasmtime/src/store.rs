@@ -243,4 +243,32 @@ mod tests {
         drop(s);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn a_backup_holds_every_committed_write_wal_included() {
+        let dir = std::env::temp_dir().join(format!("relay-store-backup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut s = SqliteStore::open(&dir.join("relay.sqlite")).expect("open");
+        for i in 0..3000u32 {
+            s.commit(vec![(i.to_be_bytes().to_vec(), Some(vec![7u8; 300]))])
+                .expect("commit");
+        }
+        let file = dir.join("copy.sqlite");
+        s.backup_to(&file).expect("backup");
+        let copy = Connection::open(&file).unwrap();
+        let n: u32 = copy
+            .query_row("SELECT count(*) FROM kv", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 3000);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        assert!(!dir.join("copy.sqlite.partial").exists());
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
