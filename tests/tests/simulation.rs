@@ -36,14 +36,57 @@
 //! The only honest simplification it makes of a real answer is a route error
 //! stripped of `data.route`, which makes the source ask `route.get`.
 //!
+//! Storage faults (see `Disk`), as in TigerBeetle's fault-injecting storage and
+//! FoundationDB's simulation: each relay's engine runs over a `FaultyStore`
+//! whose seeded fault rates are chosen per relay (none on about a third of
+//! them, up to 3% of commits failing each way on the worst). A commit may fail
+//! with nothing written, saying so (`commit-lost`: the host answers `internal`,
+//! which is then true); a commit may fail indeterminately (an I/O error around
+//! the WAL write), after its writes landed (`commit-landed`) or not; a `get` or
+//! `scan` may fail with SQLite's `busy`; storage calls may be slow, or stall.
+//! Torn reads are out of scope. The simulated host behaves as a real one must:
+//! - it cannot tell whether an indeterminate commit landed, so it does not say
+//!   `internal` (protocol.md: only when true) to a relay: it drops the
+//!   connection, and the source learns an unknown outcome, or times out;
+//! - a client that got `internal` (or no answer) retries its identical request
+//!   (`message.send` after a delay, as a new event; the other methods at once);
+//! - the engine drops the effects of an operation that failed, even when its
+//!   writes landed (`Effect::Send`: the attempt times out as an unknown outcome;
+//!   `WakeAt`): after any operation during which its storage reported a fault,
+//!   the host asks `Engine::next_wake` and arms its timer by it; a failed tick is
+//!   retried shortly, as is a `next_wake` that met `busy`;
+//! - an outcome report whose commit failed is lost with it (the host cannot see
+//!   the result of `Engine::outcome`): the attempt times out as unknown, and the
+//!   model of the task (`TaskModel`) is updated only if the outcome was applied.
+//!
+//! Latency: each engine operation runs at one `now` and is atomic, so its
+//! storage time is spent before its answer and effects leave: the world clock
+//! advances by it after the operation, which delays every later event (the
+//! whole event loop waits, as a host thread blocked on its storage would). A
+//! per-relay queue of operations would add no interleaving the network's own
+//! delays do not already produce: relays meet only through messages. With
+//! faults the oracle adapts where it must, and no further: the first
+//! acceptance's `accepted_at` is the clock of the submission whose commit landed
+//! (if one did); emissions seen before the client learned of the acceptance are
+//! checked against the deadline when it does; the terminal check (invariant 6)
+//! waits until the source has run a tick at or after the deadline, which failed
+//! ticks may postpone. `internal` is never answered without a storage fault, no
+//! operation claims success after its commit failed, and no tick quarantines an
+//! entry over a storage fault. The final checks read with faults off.
+//!
 //! `cargo test --release -p relay-tests --test simulation` runs seeds 0..1000;
-//! `RELAY_SIM_SEED=N` replays seed N alone and prints its event trace;
+//! `RELAY_SIM_SEED=N` replays seed N alone and prints its event trace
+//! (`RELAY_SIM_STORAGE_FAULTS=0`: the same run without storage faults);
 //! `RELAY_SIM_SEEDS=COUNT [RELAY_SIM_START=S] ... -- --ignored simulation_soak` soaks.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
-use relay_core::client::draft;
-use relay_core::engine::{error_body, Caller, Outcome, PeerMethod};
+use relay_core::client::{draft, random_id};
+use relay_core::engine::storage::{Entry, Write};
+use relay_core::engine::{
+    error_body, Caller, Effect, Engine, MemoryStore, Outcome, PeerMethod, Response, Storage,
+    StorageError,
+};
 use relay_core::wire::canonical;
 use relay_core::wire::json::{self, Object, Value};
 use relay_core::{Error, ErrorCode};
@@ -51,6 +94,7 @@ use relay_tests::*;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
 use std::sync::Once;
 
 const SEC: u64 = 1_000;
@@ -128,6 +172,63 @@ stats! {
     status_polls,
     syncs,
     events,
+    /// Commits while storage faults were on (all relays, faulty or not).
+    storage_commits,
+    /// Storage faults injected: commits that failed with nothing written (said so, or indeterminate).
+    storage_commit_lost,
+    /// Commits that failed indeterminately after their writes landed.
+    storage_commit_landed,
+    /// Indeterminate commit failures, landed or not (the host could not know which).
+    storage_commit_indeterminate,
+    /// get and scan calls that failed with `busy`.
+    storage_busy,
+    /// Slow or stalled storage calls, and the simulated time they took.
+    storage_slow,
+    storage_latency_ms,
+    /// Operations that met a storage fault.
+    faulted_ops,
+    /// Operations the engine answered `internal` (a relay is told so only when it is true).
+    internal_answers,
+    /// Relay requests whose answer the target's host withheld after an indeterminate commit.
+    dropped_answers,
+    /// Calls and ticks that succeeded although a read failed during them: after the commit,
+    /// in the engine's own next_wake, whose WakeAt is then missing with no sign but the store's.
+    ok_despite_busy,
+    /// Ticks that failed (the host retries them shortly).
+    failed_ticks,
+    /// Outcome reports whose commit failed: the attempt timed out as unknown instead.
+    lost_outcomes,
+    /// Timer re-arms by next_wake after a storage fault ...
+    rearms,
+    /// ... of which changed the wake-up the host had (a WakeAt was lost, or a tick failed).
+    rearms_changed,
+    /// Identical retries by clients after `internal` (or a dropped answer).
+    client_retries,
+    /// Messages accepted by a commit whose answer was lost (the client learned it by retrying).
+    accepted_unanswered,
+    /// Terminal checks postponed until the source ticked past the deadline or answered.
+    terminal_check_waits,
+}
+
+impl Stats {
+    /// The storage faults injected, and the deliveries checked under them.
+    fn storage_summary(&self) -> String {
+        let failed = self.storage_commit_lost + self.storage_commit_landed;
+        format!(
+            "storage faults injected: commit-lost {}, commit-landed {}, busy {}, slow {} \
+             ({:.1} s); {failed} of {} commits failed ({:.2}%), {} operations met a fault; \
+             deliveries checked: {}",
+            self.storage_commit_lost,
+            self.storage_commit_landed,
+            self.storage_busy,
+            self.storage_slow,
+            self.storage_latency_ms as f64 / 1000.0,
+            self.storage_commits,
+            100.0 * failed as f64 / self.storage_commits.max(1) as f64,
+            self.faulted_ops,
+            self.deliveries_checked
+        )
+    }
 }
 
 /// A DeliveryStatus as observed by a client.
@@ -184,6 +285,17 @@ struct MsgRec {
     resends: u32,
     polls_after_terminal: u32,
     terminal_checked: bool,
+    /// Source clock of the submission whose commit landed although its answer was `internal`.
+    landed_at: Option<u64>,
+    /// Submissions answered `internal` (or not at all) so far.
+    unanswered: u32,
+    /// A retry after `internal` is scheduled.
+    retrying: bool,
+    /// Requests emitted before the client learned of the acceptance: (source clock, attempt,
+    /// method), checked against the deadline when it does.
+    early_emits: Vec<(u64, u32, PeerMethod)>,
+    /// Times the terminal check waited for the source (storage faults).
+    terminal_waits: u32,
 }
 
 /// What the harness knows of a task's attempts, from the effects and the outcomes it fed.
@@ -240,6 +352,8 @@ enum Ev {
     },
     ClientSend,
     Resend(usize),
+    /// The client retries a message.send answered `internal` (or not at all).
+    SendRetry(usize),
     Poll(usize),
     TerminalCheck(usize),
     Sync {
@@ -268,6 +382,7 @@ impl Ev {
                 | Ev::Report { .. }
                 | Ev::ClientSend
                 | Ev::Resend(_)
+                | Ev::SendRetry(_)
                 | Ev::TerminalCheck(_)
                 | Ev::Migrate { .. }
                 | Ev::Publish { .. }
@@ -294,6 +409,250 @@ struct Faults {
     slow: u32,
     strip_route: u32,
 }
+
+// ---- Storage faults ----
+
+/// Per-call fault probabilities of one relay's storage.
+#[derive(Clone, Copy, Debug, Default)]
+struct DiskRates {
+    /// A commit fails and the store knows nothing was written (SQLITE_FULL, or BUSY at COMMIT).
+    commit_lost: f64,
+    /// A commit fails indeterminately (an I/O error around the WAL write) ...
+    commit_indeterminate: f64,
+    /// ... after its writes landed, this often.
+    landed_share: f64,
+    /// A get or scan fails with SQLITE_BUSY.
+    busy: f64,
+    /// A call takes 1-40 ms; a call stalls 0.2-3 s (a checkpoint, an fsync behind others).
+    slow: f64,
+    stall: f64,
+}
+
+impl DiskRates {
+    /// The rates of fault level 0 (none) to 3.
+    fn level(level: usize) -> DiskRates {
+        let pick = |v: [f64; 4]| v[level];
+        DiskRates {
+            commit_lost: pick([0.0, 0.004, 0.012, 0.03]),
+            commit_indeterminate: pick([0.0, 0.004, 0.012, 0.03]),
+            landed_share: 0.75,
+            busy: pick([0.0, 0.0003, 0.001, 0.003]),
+            slow: pick([0.0, 0.002, 0.005, 0.01]),
+            stall: pick([0.0, 0.0, 0.0001, 0.0003]),
+        }
+    }
+}
+
+/// What became of one commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CommitFate {
+    Done,
+    /// Failed, and the store knows nothing was written.
+    Lost,
+    /// Failed indeterminately: the host cannot tell whether it landed; `landed` says.
+    Indeterminate {
+        landed: bool,
+    },
+}
+
+/// What one relay's storage did during one engine operation (its host's storage layer knows).
+#[derive(Clone, Copy, Debug, Default)]
+struct OpLog {
+    /// get/scan calls that failed with busy ...
+    busy: u32,
+    /// ... of which some before the commit (the operation failed there).
+    busy_before_commit: bool,
+    commit: Option<CommitFate>,
+    /// Simulated time the storage calls took (ms).
+    latency: u64,
+}
+
+impl OpLog {
+    /// The storage reported a fault during the operation.
+    fn faulted(&self) -> bool {
+        self.busy > 0 || self.commit_failed()
+    }
+
+    fn commit_failed(&self) -> bool {
+        matches!(self.commit, Some(f) if f != CommitFate::Done)
+    }
+
+    fn indeterminate(&self) -> bool {
+        matches!(self.commit, Some(CommitFate::Indeterminate { .. }))
+    }
+
+    fn landed(&self) -> bool {
+        self.commit == Some(CommitFate::Indeterminate { landed: true })
+    }
+
+    /// The operation's writes are in the store (or it had none and no read failed it).
+    fn applied(&self) -> bool {
+        !self.busy_before_commit
+            && matches!(
+                self.commit,
+                None | Some(CommitFate::Done) | Some(CommitFate::Indeterminate { landed: true })
+            )
+    }
+
+    fn describe(&self) -> String {
+        let mut out = Vec::new();
+        if self.busy > 0 {
+            out.push(format!("busy x{}", self.busy));
+        }
+        match self.commit {
+            Some(CommitFate::Lost) => out.push("commit lost".to_string()),
+            Some(CommitFate::Indeterminate { landed }) => out.push(format!(
+                "commit indeterminate ({})",
+                if landed { "landed" } else { "not landed" }
+            )),
+            _ => {}
+        }
+        if self.latency > 0 {
+            out.push(format!("{} ms", self.latency));
+        }
+        out.join(", ")
+    }
+}
+
+/// The fault plan and log of one relay's storage, shared by its `FaultyStore` and the host.
+struct Disk {
+    rates: DiskRates,
+    /// Faults are off during setup and the final checks.
+    armed: bool,
+    rng: ChaCha20Rng,
+    op: OpLog,
+    committed: bool,
+    /// Commits while armed.
+    commits: u64,
+    commit_lost: u64,
+    commit_landed: u64,
+    commit_indeterminate: u64,
+    busy: u64,
+    slow: u64,
+    latency: u64,
+}
+
+impl Disk {
+    fn new(rates: DiskRates, seed: u64) -> Disk {
+        Disk {
+            rates,
+            armed: false,
+            rng: ChaCha20Rng::seed_from_u64(seed),
+            op: OpLog::default(),
+            committed: false,
+            commits: 0,
+            commit_lost: 0,
+            commit_landed: 0,
+            commit_indeterminate: 0,
+            busy: 0,
+            slow: 0,
+            latency: 0,
+        }
+    }
+
+    fn begin(&mut self) {
+        self.op = OpLog::default();
+        self.committed = false;
+    }
+
+    fn end(&mut self) -> OpLog {
+        std::mem::take(&mut self.op)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        self.armed && p > 0.0 && self.rng.gen_bool(p)
+    }
+
+    fn delay(&mut self) {
+        let ms = if self.chance(self.rates.stall) {
+            self.rng.gen_range(200..3_000)
+        } else if self.chance(self.rates.slow) {
+            self.rng.gen_range(1..40)
+        } else {
+            return;
+        };
+        self.slow += 1;
+        self.latency += ms;
+        self.op.latency += ms;
+    }
+
+    /// A get or scan.
+    fn read(&mut self) -> Result<(), StorageError> {
+        self.delay();
+        if self.chance(self.rates.busy) {
+            self.busy += 1;
+            self.op.busy += 1;
+            if !self.committed {
+                self.op.busy_before_commit = true;
+            }
+            return Err(StorageError("database is locked (SQLITE_BUSY)".into()));
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self) -> CommitFate {
+        self.delay();
+        self.committed = true;
+        if self.armed {
+            self.commits += 1;
+        }
+        let fate = if self.chance(self.rates.commit_lost) {
+            self.commit_lost += 1;
+            CommitFate::Lost
+        } else if self.chance(self.rates.commit_indeterminate) {
+            self.commit_indeterminate += 1;
+            let landed = self.rng.gen_bool(self.rates.landed_share);
+            if landed {
+                self.commit_landed += 1;
+            } else {
+                self.commit_lost += 1;
+            }
+            CommitFate::Indeterminate { landed }
+        } else {
+            CommitFate::Done
+        };
+        self.op.commit = Some(fate);
+        fate
+    }
+}
+
+/// A relay's in-memory store behind its `Disk`'s faults.
+struct FaultyStore {
+    inner: MemoryStore,
+    disk: Rc<RefCell<Disk>>,
+}
+
+impl Storage for FaultyStore {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.disk.borrow_mut().read()?;
+        self.inner.get(key)
+    }
+
+    fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>, StorageError> {
+        self.disk.borrow_mut().read()?;
+        self.inner.scan(start, end, limit)
+    }
+
+    fn commit(&mut self, batch: Vec<Write>) -> Result<(), StorageError> {
+        let fate = self.disk.borrow_mut().commit();
+        match fate {
+            CommitFate::Done => self.inner.commit(batch),
+            CommitFate::Lost => Err(StorageError(
+                "commit failed, rolled back (SQLITE_FULL)".into(),
+            )),
+            CommitFate::Indeterminate { landed } => {
+                if landed {
+                    self.inner.commit(batch)?;
+                }
+                Err(StorageError(
+                    "commit failed: disk I/O error (SQLITE_IOERR)".into(),
+                ))
+            }
+        }
+    }
+}
+
+type SimEngine = Engine<FaultyStore, TestEntropy>;
 
 /// One seed's world, network, clients and everything observed.
 struct Sim {
@@ -339,6 +698,14 @@ struct Sim {
     notified_seq: BTreeMap<(usize, usize), u64>,
     /// (account, relay, device) -> sync cursor.
     cursors: BTreeMap<(usize, usize, usize), u64>,
+    /// Per relay: the engine the run drives (over the node's store, behind faults), and its disk.
+    /// (`World`'s own engines, over the same stores, only set the world up.)
+    engines: Vec<SimEngine>,
+    disks: Vec<Rc<RefCell<Disk>>>,
+    /// Per relay: its timer was armed by the host itself (after a fault), not by the engine.
+    probe: Vec<bool>,
+    /// Requests emitted, with the source clock of the operation that emitted them.
+    outbox: Vec<(InFlight, u64)>,
     stats: Stats,
 }
 
@@ -389,6 +756,10 @@ impl Sim {
             seen_by: BTreeMap::new(),
             notified_seq: BTreeMap::new(),
             cursors: BTreeMap::new(),
+            engines: Vec::new(),
+            disks: Vec::new(),
+            probe: Vec::new(),
+            outbox: Vec::new(),
             stats: Stats {
                 seeds: 1,
                 ..Stats::default()
@@ -492,6 +863,17 @@ impl Sim {
             self.epoch.push(0);
             self.notified.push(0);
             self.stats.relays += 1;
+            // Storage faults: none on a third of the relays, level 1 to 3 on the others.
+            let level = [0, 0, 1, 1, 2, 3][self.rng.gen_range(0..6)];
+            let level = if storage_faults() { level } else { 0 };
+            let disk = Rc::new(RefCell::new(Disk::new(
+                DiskRates::level(level),
+                self.rng.gen(),
+            )));
+            let engine = self.engine_over(n, &disk);
+            self.engines.push(engine);
+            self.disks.push(disk);
+            self.probe.push(false);
         }
         let accounts = self.rng.gen_range(relays + 1..=relays + 4);
         for i in 0..accounts {
@@ -582,6 +964,24 @@ impl Sim {
                 },
             );
         }
+        self.arm(true);
+    }
+
+    /// Turns every relay's storage faults on or off.
+    fn arm(&mut self, on: bool) {
+        for d in &self.disks {
+            d.borrow_mut().armed = on;
+        }
+    }
+
+    /// A new engine for relay `n` over its store, behind `disk` (at start, and at each restart).
+    fn engine_over(&mut self, n: usize, disk: &Rc<RefCell<Disk>>) -> SimEngine {
+        let store = FaultyStore {
+            inner: self.w.nodes[n].store.clone(),
+            disk: disk.clone(),
+        };
+        let entropy = TestEntropy(ChaCha20Rng::seed_from_u64(self.rng.gen()));
+        Engine::new(self.w.nodes[n].config.clone(), store, entropy)
     }
 
     /// Prints what relay `n` stores about `task`, its schedule and its peers.
@@ -606,7 +1006,7 @@ impl Sim {
     fn publish(&mut self, acct: usize, relay: usize) {
         let mut p = Object::new();
         p.insert("route", self.routes[acct].clone());
-        let r = self.w.call(relay, &Caller::Anonymous, "route.publish", &p);
+        let r = self.client_call(relay, &Caller::Anonymous, "route.publish", &p);
         if let Err(e) = r.result {
             self.fail(format!(
                 "route.publish of account {acct} at relay {relay}: {e:?}"
@@ -622,6 +1022,251 @@ impl Sim {
         let g = self.w.grant(&self.accts[grantor], &self.accts[grantee]);
         self.grants.insert((grantor, grantee), g.clone());
         g
+    }
+
+    // ---- The hosts ----
+
+    /// Runs one engine operation on relay `n` at its clock: its result, what the storage did
+    /// meanwhile, and the clock it ran at.
+    fn engine_op<R>(
+        &mut self,
+        n: usize,
+        op: impl FnOnce(&mut SimEngine, u64) -> R,
+    ) -> (R, OpLog, u64) {
+        let clock = self.w.clock(n);
+        self.disks[n].borrow_mut().begin();
+        let r = op(&mut self.engines[n], clock);
+        let log = self.disks[n].borrow_mut().end();
+        (r, log, clock)
+    }
+
+    /// What relay `n`'s host does after an operation: it executes the effects, spends the
+    /// storage time, and, if its storage reported a fault (the engine drops the effects of a
+    /// failed operation, landed or not), arms its timer by next_wake.
+    fn host_after(
+        &mut self,
+        n: usize,
+        clock: u64,
+        effects: Vec<Effect>,
+        log: &OpLog,
+        failed_tick: bool,
+    ) {
+        for e in effects {
+            match e {
+                Effect::Send {
+                    task,
+                    attempt,
+                    target,
+                    method,
+                    body,
+                } => self.outbox.push((
+                    InFlight {
+                        source: n,
+                        task,
+                        attempt,
+                        target,
+                        method,
+                        body,
+                    },
+                    clock,
+                )),
+                Effect::WakeAt(t) => self.w.nodes[n].wake = Some(t),
+                Effect::Notify {
+                    account,
+                    latest_seq,
+                } => self.w.nodes[n].notifications.push((account, latest_seq)),
+                Effect::EndDeviceSessions { account, device_id } => {
+                    self.w.nodes[n].ended.push((account, device_id))
+                }
+                Effect::DeliveryEnded { .. } => {}
+            }
+        }
+        self.w.now += log.latency;
+        if log.faulted() {
+            self.stats.faulted_ops += 1;
+            self.trace(|| format!("r{n} storage: {}", log.describe()));
+            self.rearm(n, failed_tick);
+        }
+    }
+
+    /// The host asks the engine when to tick next. A failed tick, or a next_wake that met
+    /// `busy`, is retried shortly (the real hosts wait at least a millisecond); a tick the
+    /// host armed by itself so is followed by next_wake (it may have nothing to do, and then
+    /// no WakeAt comes).
+    fn rearm(&mut self, n: usize, failed_tick: bool) {
+        let (r, log, clock) = self.engine_op(n, |e, _| e.next_wake());
+        self.w.now += log.latency;
+        self.stats.rearms += 1;
+        let before = self.w.nodes[n].wake;
+        let soon = clock + self.rng.gen_range(1..=250);
+        let wake = match r {
+            Ok(w) if failed_tick => {
+                self.probe[n] = true;
+                w.map(|w| w.max(soon))
+            }
+            Ok(w) => w,
+            Err(_) => {
+                self.probe[n] = true;
+                Some(before.map_or(soon, |b| b.min(soon)))
+            }
+        };
+        if wake != before {
+            self.stats.rearms_changed += 1;
+        }
+        self.trace(|| format!("r{n} re-arms: wake {before:?} -> {wake:?}"));
+        self.w.nodes[n].wake = wake;
+    }
+
+    /// A call to relay `n` through its host: the answer, what the storage did, the clock.
+    fn call_op(
+        &mut self,
+        n: usize,
+        caller: &Caller,
+        method: &str,
+        params: &[u8],
+    ) -> (Response, OpLog, u64) {
+        let (mut r, log, clock) = self.engine_op(n, |e, now| e.call(caller, method, params, now));
+        let effects = std::mem::take(&mut r.effects);
+        self.host_after(n, clock, effects, &log, false);
+        match &r.result {
+            Err(e) if e.code == ErrorCode::Internal => {
+                self.stats.internal_answers += 1;
+                if !log.faulted() {
+                    self.fail(format!(
+                        "r{n} answered {method} with internal without a storage fault: {e:?}"
+                    ));
+                }
+            }
+            Ok(_) if log.commit_failed() => self.fail(format!(
+                "r{n} answered {method} with success although its commit failed"
+            )),
+            Ok(_) if log.busy > 0 => self.stats.ok_despite_busy += 1,
+            _ => {}
+        }
+        (r, log, clock)
+    }
+
+    fn call(&mut self, n: usize, caller: &Caller, method: &str, params: &Object) -> Response {
+        self.call_op(n, caller, method, &canonical::object_to_vec(params))
+            .0
+    }
+
+    /// A client's call: answered `internal` (or not at all), the client retries its identical
+    /// request after a moment.
+    fn client_call(
+        &mut self,
+        n: usize,
+        caller: &Caller,
+        method: &str,
+        params: &Object,
+    ) -> Response {
+        let bytes = canonical::object_to_vec(params);
+        for _ in 0..100 {
+            let r = self.call_op(n, caller, method, &bytes).0;
+            if !is_internal(&r.result) {
+                return r;
+            }
+            self.stats.client_retries += 1;
+            self.w.now += self.rng.gen_range(10..500);
+        }
+        self.fail(format!("{method} at r{n} answered internal 100 times"))
+    }
+
+    /// Opens a session for device `dev` of `acct` at `relay` (a new session.open each try).
+    fn open_session(&mut self, acct: usize, relay: usize, dev: usize) -> String {
+        for _ in 0..100 {
+            let nonce = random_id(&mut self.w.rng);
+            let a = &self.accts[acct];
+            let so = draft::session_open(
+                NET,
+                &self.relay_str(relay),
+                &a.key.id(),
+                &a.devices[dev].id(),
+                self.w.clock(relay),
+                &nonce,
+            )
+            .sign(&a.devices[dev]);
+            let r = self.call(relay, &Caller::Anonymous, "session.open", &so);
+            match r.result {
+                Ok(v) => {
+                    return field(&v, "session")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string()
+                }
+                Err(e) if e.code == ErrorCode::Internal => {
+                    self.stats.client_retries += 1;
+                    self.w.now += self.rng.gen_range(10..500);
+                }
+                Err(e) => self.fail(format!("session.open of a{acct} at r{relay}: {e:?}")),
+            }
+        }
+        self.fail(format!(
+            "session.open at r{relay} answered internal 100 times"
+        ))
+    }
+
+    /// The host's timer fires for relay `n`.
+    fn tick(&mut self, n: usize) {
+        self.w.nodes[n].wake = None;
+        let probe = std::mem::take(&mut self.probe[n]);
+        let (mut r, log, clock) = self.engine_op(n, |e, now| e.try_tick(now));
+        let effects = std::mem::take(&mut r.effects);
+        let failed = r.result.is_err();
+        self.host_after(n, clock, effects, &log, failed);
+        if probe && !log.faulted() {
+            self.rearm(n, false);
+        }
+        self.trace(|| {
+            format!(
+                "tick r{n} at {clock}{}; wake {:?}",
+                if failed { " failed" } else { "" },
+                self.w.nodes[n].wake
+            )
+        });
+        match &r.result {
+            Err(e) => {
+                self.stats.failed_ticks += 1;
+                if !log.faulted() {
+                    self.fail(format!(
+                        "a tick of r{n} failed without a storage fault: {e:?}"
+                    ));
+                }
+            }
+            Ok(v) if field(v, "quarantined").is_some() => self.fail(format!(
+                "a tick of r{n} quarantined entries (storage: {}): {}",
+                log.describe(),
+                canonical::to_string(v)
+            )),
+            Ok(_) if log.commit_failed() => self.fail(format!(
+                "a tick of r{n} succeeded although its commit failed"
+            )),
+            Ok(_) if log.busy > 0 => self.stats.ok_despite_busy += 1,
+            Ok(_) => {}
+        }
+        if !failed || log.landed() {
+            if clock == self.last_tick[n] {
+                self.same_clock_ticks[n] += 1;
+                if self.same_clock_ticks[n] > 10_000 {
+                    self.fail(format!("relay {n} asks for ticks at {clock} forever"));
+                }
+            } else {
+                self.same_clock_ticks[n] = 0;
+            }
+            self.last_tick[n] = clock;
+        }
+    }
+
+    /// Reports an outcome to relay `n`; whether its engine applied it (a report whose
+    /// commit failed is lost, and the attempt times out as unknown).
+    fn outcome(&mut self, n: usize, task: &str, attempt: u32, outcome: Outcome) -> bool {
+        let (effects, log, clock) =
+            self.engine_op(n, |e, now| e.outcome(task, attempt, outcome, now));
+        self.host_after(n, clock, effects, &log, false);
+        if !log.applied() {
+            self.stats.lost_outcomes += 1;
+        }
+        log.applied()
     }
 
     // ---- The event loop ----
@@ -643,25 +1288,7 @@ impl Sim {
             match (queued, wake) {
                 (_, Some((t, n))) if queued.is_none_or(|q| t <= q) => {
                     self.w.now = self.w.now.max(t);
-                    self.w.nodes[n].wake = None;
-                    self.w.tick(n);
-                    self.trace(|| {
-                        format!(
-                            "tick r{n} at {}; wake {:?}",
-                            self.w.clock(n),
-                            self.w.nodes[n].wake
-                        )
-                    });
-                    let clock = self.w.clock(n);
-                    if clock == self.last_tick[n] {
-                        self.same_clock_ticks[n] += 1;
-                        if self.same_clock_ticks[n] > 10_000 {
-                            self.fail(format!("relay {n} asks for ticks at {clock} forever"));
-                        }
-                    } else {
-                        self.same_clock_ticks[n] = 0;
-                    }
-                    self.last_tick[n] = clock;
+                    self.tick(n);
                 }
                 (Some(_), _) => {
                     let ((t, _), ev) = self.queue.pop_first().expect("queued event");
@@ -681,10 +1308,18 @@ impl Sim {
 
     /// Takes the requests the engines emitted and the notifications they pushed.
     fn after_event(&mut self) {
-        while !self.w.outbox.is_empty() {
-            let out = std::mem::take(&mut self.w.outbox);
-            for req in out {
-                self.dispatch(req);
+        loop {
+            let mut out = std::mem::take(&mut self.outbox);
+            // (World's own engines emit nothing once the world is set up.)
+            for req in std::mem::take(&mut self.w.outbox) {
+                let clock = self.w.clock(req.source);
+                out.push((req, clock));
+            }
+            if out.is_empty() {
+                break;
+            }
+            for (req, clock) in out {
+                self.dispatch(req, clock);
             }
         }
         for n in 0..self.w.nodes.len() {
@@ -742,12 +1377,42 @@ impl Sim {
                 self.msgs[k].resends += 1;
                 self.submit(k);
             }
+            Ev::SendRetry(k) => {
+                self.stats.client_retries += 1;
+                self.msgs[k].retrying = false;
+                self.submit(k);
+            }
             Ev::Poll(k) => {
                 self.poll(k);
                 self.schedule_poll(k);
             }
             Ev::TerminalCheck(k) => {
-                self.poll(k);
+                let answered = self.poll(k);
+                let m = &self.msgs[k];
+                let (_, deadline) = m.accepted.expect("accepted");
+                let n = m.source;
+                // Invariant 6 holds once the source has run a tick at or after the deadline
+                // with nothing due left: failed ticks (storage faults) may postpone that, and
+                // the poll itself may have been answered `internal`.
+                let caught_up = self.last_tick[n] >= deadline
+                    && self.w.nodes[n].wake.is_none_or(|w| w > self.w.clock(n));
+                if m.terminal.is_none() && !(answered && caught_up) {
+                    if m.terminal_waits >= 120 {
+                        if self.verbose {
+                            self.dump(n, &m.task);
+                        }
+                        self.fail(format!(
+                            "message {} is still delivering 2 minutes after its deadline {deadline}: \
+                             r{n} did not manage to tick past it (last tick {}) or to answer",
+                            m.task, self.last_tick[n]
+                        ));
+                    }
+                    self.msgs[k].terminal_waits += 1;
+                    self.stats.terminal_check_waits += 1;
+                    let at = self.w.now + SEC;
+                    self.schedule(at, Ev::TerminalCheck(k));
+                    return;
+                }
                 self.msgs[k].terminal_checked = true;
                 if self.msgs[k].terminal.is_none() {
                     let m = &self.msgs[k];
@@ -787,6 +1452,11 @@ impl Sim {
             Ev::Restart(n) => {
                 let seed = self.rng.gen();
                 self.w.nodes[n].restart(seed);
+                let disk = self.disks[n].clone();
+                self.engines[n] = self.engine_over(n, &disk);
+                // A host starts by asking when to tick.
+                self.w.nodes[n].wake = None;
+                self.rearm(n, false);
                 self.epoch[n] += 1;
                 self.stats.restarts += 1;
                 self.trace(|| format!("restart r{n}; wake {:?}", self.w.nodes[n].wake));
@@ -828,9 +1498,9 @@ impl Sim {
         );
     }
 
-    /// A request leaves its source: decide its fate.
-    fn dispatch(&mut self, req: InFlight) {
-        self.on_emit(&req);
+    /// A request emitted at source clock `clock` leaves its source: decide its fate.
+    fn dispatch(&mut self, req: InFlight, clock: u64) {
+        self.on_emit(&req, clock);
         match req.method {
             PeerMethod::Deliver => self.stats.deliver_requests += 1,
             PeerMethod::RouteGet => self.stats.route_gets += 1,
@@ -929,7 +1599,26 @@ impl Sim {
             None => {}
         }
         let caller = Caller::Relay(self.w.nodes[req.source].id.clone());
-        let r = self.w.call_raw(t, &caller, req.method.as_str(), &req.body);
+        let (r, log, _) = self.call_op(t, &caller, req.method.as_str(), &req.body);
+        if log.indeterminate() {
+            // The host cannot know whether the commit landed, so `internal` might be untrue:
+            // it drops the connection, and the source learns an unknown outcome, or times out.
+            self.stats.dropped_answers += 1;
+            self.trace(|| {
+                format!(
+                    "r{t} drops the connection of {} #{} {} ({})",
+                    req.method.as_str(),
+                    req.attempt,
+                    req.task,
+                    log.describe()
+                )
+            });
+            if self.rng.gen_bool(0.6) {
+                let at = self.w.now + self.rng.gen_range(0..5 * SEC);
+                self.report(at, req, Outcome::Unknown);
+            }
+            return;
+        }
         let mut outcome = match &r.result {
             Ok(_) => Outcome::Result(r.body()),
             Err(_) => Outcome::Error(r.body()),
@@ -989,17 +1678,16 @@ impl Sim {
     }
 
     /// Checks an emitted request against invariants 4 and 5 and the attempt discipline.
-    fn on_emit(&mut self, req: &InFlight) {
-        let clock = self.w.clock(req.source);
+    fn on_emit(&mut self, req: &InFlight, clock: u64) {
         let Some(&k) = self.task_msg.get(&req.task) else {
             self.fail(format!(
                 "r{} emitted a request for an unknown task {}",
                 req.source, req.task
             ));
         };
-        let (source, accepted, terminal) = {
+        let (source, accepted, terminal, landed_at) = {
             let m = &self.msgs[k];
-            (m.source, m.accepted, m.terminal.clone())
+            (m.source, m.accepted, m.terminal.clone(), m.landed_at)
         };
         if req.source != source {
             self.fail(format!(
@@ -1007,7 +1695,23 @@ impl Sim {
                 req.task, req.source
             ));
         }
-        let (_, deadline) = accepted.expect("accepted");
+        let deadline = match accepted {
+            Some((_, deadline)) => deadline,
+            // Accepted by a commit whose answer was lost; the client has not learned it yet.
+            None if landed_at.is_some() => {
+                self.msgs[k]
+                    .early_emits
+                    .push((clock, req.attempt, req.method));
+                u64::MAX
+            }
+            None => self.fail(format!(
+                "r{} emitted {} #{} for {}, which no commit accepted",
+                req.source,
+                req.method.as_str(),
+                req.attempt,
+                req.task
+            )),
+        };
         if clock >= deadline {
             self.fail(format!(
                 "invariant 4: {} #{} of {} emitted at source clock {clock}, deadline {deadline}",
@@ -1073,6 +1777,7 @@ impl Sim {
         tm.method = Some(req.method);
         tm.resolved = false;
         tm.last_not_attempted = false;
+        // (Before the client learned the deadline: the engine bounds the timeout by it anyway.)
         tm.timeout_at = clock.saturating_add(timeout).min(deadline);
         tm.attempts += 1;
         if tm.attempts > 5_000 {
@@ -1090,6 +1795,9 @@ impl Sim {
     fn feed(&mut self, req: &InFlight, outcome: Outcome) {
         self.settle(&req.task, req.source);
         let clock = self.w.clock(req.source);
+        // The engine first: a report whose commit failed is lost, and the model stays as it
+        // was (the attempt will time out as unknown).
+        let applied = self.outcome(req.source, &req.task, req.attempt, outcome.clone());
         let (from, to) = match self.task_msg.get(&req.task) {
             Some(&k) => (
                 self.accts[self.msgs[k].from].id(),
@@ -1104,7 +1812,9 @@ impl Sim {
             .to_string();
         let tm = self.tasks.entry(req.task.clone()).or_default();
         let current = req.attempt == tm.latest && !tm.resolved && !tm.done;
-        if current {
+        if current && !applied {
+            // Lost with its commit.
+        } else if current {
             tm.resolved = true;
             tm.last_not_attempted = false;
             let deliver = req.method == PeerMethod::Deliver;
@@ -1159,10 +1869,15 @@ impl Sim {
                 req.source,
                 req.task,
                 req.attempt,
-                if current { "" } else { "(stale)" }
+                if !applied {
+                    "(lost: its commit failed)"
+                } else if current {
+                    ""
+                } else {
+                    "(stale)"
+                }
             )
         });
-        self.w.outcome(req.source, &req.task, req.attempt, outcome);
     }
 
     // ---- Clients ----
@@ -1234,6 +1949,8 @@ impl Sim {
             .expect("created_at");
         let task = format!("{}.{id}", self.accts[from].id());
         self.msg_by_id.insert(id.clone(), k);
+        // Known before any answer: a commit may accept it although its answer is lost.
+        self.task_msg.insert(task.clone(), k);
         self.msgs.push(MsgRec {
             from,
             to,
@@ -1250,12 +1967,14 @@ impl Sim {
             resends: 0,
             polls_after_terminal: 0,
             terminal_checked: false,
+            landed_at: None,
+            unanswered: 0,
+            retrying: false,
+            early_emits: Vec::new(),
+            terminal_waits: 0,
         });
         self.stats.sends += 1;
         self.submit(k);
-        if self.msgs[k].accepted.is_none() {
-            self.stats.rejected += 1;
-        }
     }
 
     fn session(&self, acct: usize, relay: usize, dev: usize) -> Caller {
@@ -1266,8 +1985,18 @@ impl Sim {
     fn submit(&mut self, k: usize) {
         let (from, source, dev) = (self.msgs[k].from, self.msgs[k].source, self.msgs[k].dev);
         let caller = self.session(from, source, dev);
-        let params = self.msgs[k].params.clone();
-        let r = self.w.call(source, &caller, "message.send", &params);
+        let params = canonical::object_to_vec(&self.msgs[k].params);
+        let (r, log, clock) = self.call_op(source, &caller, "message.send", &params);
+        if log.landed() && self.msgs[k].accepted.is_none() {
+            // Accepted, although the client will not hear it from this answer.
+            if let Some(at) = self.msgs[k].landed_at {
+                self.fail(format!(
+                    "a second commit of message.send landed for {} (first at {at})",
+                    self.msgs[k].task
+                ));
+            }
+            self.msgs[k].landed_at = Some(clock);
+        }
         self.trace(|| {
             format!(
                 "a{from} message.send {} at r{source} (a{} -> a{}): {}",
@@ -1279,8 +2008,8 @@ impl Sim {
         });
         match r.result {
             Ok(v) => {
-                self.observe(k, &v, "message.send");
-                if self.msgs[k].resends > 0 {
+                self.observe(k, &v, "message.send", clock);
+                if self.msgs[k].resends > 0 || self.msgs[k].unanswered > 0 {
                     // An identical retry answers what message.delivery.status says now.
                     let retry = Observed::of(&v);
                     if let Some(now) = self.status_now(k) {
@@ -1293,9 +2022,29 @@ impl Sim {
                     }
                 }
             }
+            Err(e) if e.code == ErrorCode::Internal => {
+                // The host answered internal (or dropped the connection): the outcome is
+                // unknown to the client, which retries the identical request a little later.
+                self.msgs[k].unanswered += 1;
+                if self.msgs[k].unanswered > 200 {
+                    self.fail(format!(
+                        "message.send of {} answered internal 200 times",
+                        self.msgs[k].task
+                    ));
+                }
+                if !self.msgs[k].retrying {
+                    self.msgs[k].retrying = true;
+                    let at = self.w.now + self.rng.gen_range(50..5 * SEC);
+                    self.schedule(at, Ev::SendRetry(k));
+                }
+                return;
+            }
             Err(e) => {
+                if self.msgs[k].resends == 0 && self.msgs[k].accepted.is_none() {
+                    // The first answer of the first submission (after any `internal` ones).
+                    self.stats.rejected += 1;
+                }
                 if let Some((accepted_at, _)) = self.msgs[k].accepted {
-                    let clock = self.w.clock(source);
                     if clock < accepted_at + self.retention[source] {
                         self.fail(format!(
                             "an identical message.send retry of accepted {} was rejected during \
@@ -1324,13 +2073,13 @@ impl Sim {
     }
 
     /// Records a DeliveryStatus seen for message `k`; invariant 3 and the deadline rule.
-    fn observe(&mut self, k: usize, v: &Value, ctx: &str) {
+    /// `clock` is the source clock of the operation that answered.
+    fn observe(&mut self, k: usize, v: &Value, ctx: &str, clock: u64) {
         let o = Observed::of(v);
         let m = &self.msgs[k];
         let from = self.accts[m.from].id();
         let to = self.accts[m.to].id();
         let source = m.source;
-        let clock = self.w.clock(source);
         let mut problems = Vec::new();
         if field(v, "message_id").and_then(Value::as_str) != Some(m.id.as_str())
             || field(v, "from").and_then(Value::as_str) != Some(from.as_str())
@@ -1355,10 +2104,23 @@ impl Sim {
         match m.accepted {
             None => {
                 first = true;
-                if accepted_at != clock {
+                // Accepted now, or by the earlier submission whose commit landed.
+                let expect = m.landed_at.unwrap_or(clock);
+                if accepted_at != expect {
                     problems.push(format!(
-                        "first acceptance has accepted_at {accepted_at}, source clock {clock}"
+                        "first acceptance has accepted_at {accepted_at}, expected {expect} \
+                         (source clock {clock}, landed at {:?})",
+                        m.landed_at
                     ));
+                }
+                for &(at, attempt, method) in &m.early_emits {
+                    if at >= deadline {
+                        problems.push(format!(
+                            "invariant 4: {} #{attempt} emitted at source clock {at}, deadline \
+                             {deadline}",
+                            method.as_str()
+                        ));
+                    }
                 }
                 let expect = (m.created_at + self.age_limit[source])
                     .min(accepted_at + self.retention[source]);
@@ -1391,9 +2153,15 @@ impl Sim {
         }
         if first {
             self.msgs[k].accepted = Some((accepted_at, deadline));
+            self.msgs[k].early_emits.clear();
             self.stats.accepted += 1;
-            let task = self.msgs[k].task.clone();
-            self.task_msg.insert(task, k);
+            if self.msgs[k].landed_at.is_some() {
+                self.stats.accepted_unanswered += 1;
+            }
+            if let Some(tm) = self.tasks.get_mut(&self.msgs[k].task) {
+                // Attempts emitted before the deadline was known time out by it at the latest.
+                tm.timeout_at = tm.timeout_at.min(deadline);
+            }
             self.schedule_poll(k);
             let at = self.world_time(source, deadline + SEC);
             self.schedule(at, Ev::TerminalCheck(k));
@@ -1427,23 +2195,25 @@ impl Sim {
         let caller = self.session(from, source, 0);
         let mut p = Object::new();
         p.insert("message_id", self.msgs[k].id.as_str());
-        let r = self.w.call(source, &caller, "message.delivery.status", &p);
+        let r = self.call(source, &caller, "message.delivery.status", &p);
         r.result.ok().map(|v| Observed::of(&v))
     }
 
-    /// message.delivery.status at the message's source.
-    fn poll(&mut self, k: usize) {
+    /// message.delivery.status at the message's source; whether it was answered (not `internal`).
+    fn poll(&mut self, k: usize) -> bool {
         self.stats.status_polls += 1;
         let (from, source) = (self.msgs[k].from, self.msgs[k].source);
         let caller = self.session(from, source, 0);
         let mut p = Object::new();
         p.insert("message_id", self.msgs[k].id.as_str());
-        let r = self.w.call(source, &caller, "message.delivery.status", &p);
+        let bytes = canonical::object_to_vec(&p);
+        let (r, _, clock) = self.call_op(source, &caller, "message.delivery.status", &bytes);
         match r.result {
-            Ok(v) => self.observe(k, &v, "message.delivery.status"),
+            Ok(v) => self.observe(k, &v, "message.delivery.status", clock),
+            Err(e) if e.code == ErrorCode::Internal => return false,
             Err(e) => {
                 let (accepted_at, _) = self.msgs[k].accepted.expect("accepted");
-                let retained = self.w.clock(source) < accepted_at + self.retention[source];
+                let retained = clock < accepted_at + self.retention[source];
                 if e.code != ErrorCode::NotFound || retained {
                     self.fail(format!(
                         "message.delivery.status of {} during retention: {e:?}",
@@ -1452,6 +2222,7 @@ impl Sim {
                 }
             }
         }
+        true
     }
 
     /// Every device of `acct` at `relay` syncs what is new.
@@ -1465,7 +2236,7 @@ impl Sim {
                 let mut p = Object::new();
                 p.insert("after", after);
                 p.insert("limit", 100u64);
-                let r = self.w.call(relay, &caller, "message.timeline.sync", &p);
+                let r = self.client_call(relay, &caller, "message.timeline.sync", &p);
                 let page = match r.result {
                     // As a device reads it: the answer's bytes, parsed.
                     Ok(_) => parse(&r.body()),
@@ -1544,29 +2315,21 @@ impl Sim {
         p.insert("certificate", self.accts[x].certs[0].clone());
         p.insert("discoverable", self.discoverable[x]);
         if let Err(e) = self
-            .w
-            .call(to, &Caller::Anonymous, "account.register", &p)
+            .client_call(to, &Caller::Anonymous, "account.register", &p)
             .result
         {
             self.fail(format!("account.register of a{x} at r{to}: {e:?}"));
         }
         self.accts[x].home = to;
-        let mut tokens = Vec::new();
-        match self.w.open_session(&self.accts[x], 0) {
-            Ok(t) => tokens.push(t),
-            Err(e) => self.fail(format!("session.open of a{x} at r{to}: {e:?}")),
-        }
+        let mut tokens = vec![self.open_session(x, to, 0)];
         for dev in 1..self.accts[x].devices.len() {
             let mut p = Object::new();
             p.insert("certificate", self.accts[x].certs[dev].clone());
             let caller = Caller::Session(tokens[0].clone());
-            if let Err(e) = self.w.call(to, &caller, "device.register", &p).result {
+            if let Err(e) = self.client_call(to, &caller, "device.register", &p).result {
                 self.fail(format!("device.register of a{x} at r{to}: {e:?}"));
             }
-            match self.w.open_session(&self.accts[x], dev) {
-                Ok(t) => tokens.push(t),
-                Err(e) => self.fail(format!("session.open of a{x} at r{to}: {e:?}")),
-            }
+            tokens.push(self.open_session(x, to, dev));
         }
         self.accts[x].sessions = tokens.clone();
         self.sessions.insert((x, to), tokens);
@@ -1616,7 +2379,7 @@ impl Sim {
         let caller = self.session(grantor, home, 0);
         let mut p = Object::new();
         p.insert("grant_id", grant_id);
-        if let Err(e) = self.w.call(home, &caller, "contact.revoke", &p).result {
+        if let Err(e) = self.client_call(home, &caller, "contact.revoke", &p).result {
             self.fail(format!("contact.revoke by a{grantor}: {e:?}"));
         }
         self.stats.grant_revocations += 1;
@@ -1626,6 +2389,8 @@ impl Sim {
     // ---- The end ----
 
     fn final_checks(&mut self) {
+        // The oracle reads with faults off.
+        self.arm(false);
         for a in 0..self.accts.len() {
             for relay in self.regs[a].clone() {
                 self.sync(a, relay);
@@ -1704,6 +2469,13 @@ impl Sim {
             let delivered = of_kind(if self_delivery { "self" } else { "received" });
             let sent = of_kind("sent");
             if m.accepted.is_none() {
+                if let Some(at) = m.landed_at {
+                    self.fail(format!(
+                        "{} was accepted at {at} by a commit whose answer was lost, and the \
+                         client never learned it",
+                        m.task
+                    ));
+                }
                 continue;
             }
             // Invariant 1: never under two seqs (or two relays).
@@ -1769,6 +2541,17 @@ impl Sim {
     }
 }
 
+/// Whether storage faults are on (`RELAY_SIM_STORAGE_FAULTS=0` turns them off, to tell
+/// whether a failing seed needs them: the run is otherwise the same).
+fn storage_faults() -> bool {
+    std::env::var("RELAY_SIM_STORAGE_FAULTS").map_or(true, |v| v.trim() != "0")
+}
+
+/// An `internal` answer (the host's storage failed, or so it says).
+fn is_internal(r: &Result<Value, Error>) -> bool {
+    matches!(r, Err(e) if e.code == ErrorCode::Internal)
+}
+
 /// The code and data of an `{"error": ...}` body.
 fn error_parts(body: &[u8]) -> Option<(String, Option<Value>)> {
     let v = json::parse(body).ok()?;
@@ -1782,6 +2565,16 @@ fn run_seed_with(seed: u64, verbose: bool) -> (Stats, Snapshots) {
     let mut sim = Sim::new(seed, verbose);
     sim.run();
     sim.final_checks();
+    for d in &sim.disks {
+        let d = d.borrow();
+        sim.stats.storage_commits += d.commits;
+        sim.stats.storage_commit_lost += d.commit_lost;
+        sim.stats.storage_commit_landed += d.commit_landed;
+        sim.stats.storage_commit_indeterminate += d.commit_indeterminate;
+        sim.stats.storage_busy += d.busy;
+        sim.stats.storage_slow += d.slow;
+        sim.stats.storage_latency_ms += d.latency;
+    }
     let snapshots = sim.w.nodes.iter().map(|n| n.store.snapshot()).collect();
     (sim.stats, snapshots)
 }
@@ -1898,6 +2691,7 @@ fn simulation_1000_seeds() {
     let started = std::time::Instant::now();
     let total = run_seeds(0, 1000);
     println!("1000 seeds in {:.1?}: {total:#?}", started.elapsed());
+    println!("{}", total.storage_summary());
     // The run must exercise what it claims to.
     assert!(total.deliveries_checked > 10_000, "{total:?}");
     assert!(total.cross_relay_checked > 5_000, "{total:?}");
@@ -1920,6 +2714,16 @@ fn simulation_1000_seeds() {
         ("migrations", total.migrations),
         ("resends", total.resends),
         ("grant_revocations", total.grant_revocations),
+        ("storage_commit_lost", total.storage_commit_lost),
+        ("storage_commit_landed", total.storage_commit_landed),
+        ("storage_busy", total.storage_busy),
+        ("storage_slow", total.storage_slow),
+        ("internal_answers", total.internal_answers),
+        ("dropped_answers", total.dropped_answers),
+        ("failed_ticks", total.failed_ticks),
+        ("lost_outcomes", total.lost_outcomes),
+        ("client_retries", total.client_retries),
+        ("accepted_unanswered", total.accepted_unanswered),
     ] {
         assert!(n > 0, "the simulation never produced {name}: {total:#?}");
     }
@@ -1951,4 +2755,5 @@ fn simulation_soak() {
         total.deliveries_checked,
         started.elapsed()
     );
+    println!("{}", total.storage_summary());
 }
