@@ -1,0 +1,95 @@
+//! `--log-format json` (issue 21): every stderr line is one JSON object, with one line per
+//! accepted message and per ended delivery, carrying ids and never bodies.
+
+mod common;
+use common::*;
+use relay_core::wire::json::Value;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_have_a_line_per_accepted_message_and_per_ended_delivery_with_ids_only() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut relay = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["serve", "--memory", "--log-format", "json", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .env("RELAY_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("relay starts");
+    let mut c = Client::new(2104);
+    let mut up = false;
+    for _ in 0..400 {
+        if let Ok((200, _)) = c.http.get(&format!("{url}/readyz")).await {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "the relay did not come up");
+    let alice = c.register(&url, true).await;
+    let bob = c.register(&url, true).await;
+    let m = c.message(&alice, &bob, "a secret text");
+    let (s, v) = c.send(&alice, &m).await;
+    assert_eq!(s, 200, "{v:?}");
+    let id = message_id(&m);
+    // The body's long strings (ciphertext, nonce): none may reach the log.
+    let secrets: Vec<String> = m
+        .get("envelope")
+        .and_then(Value::as_object)
+        .and_then(|e| e.get("body"))
+        .and_then(Value::as_object)
+        .expect("a body")
+        .iter()
+        .filter_map(|(_, v)| v.as_str())
+        .filter(|s| s.len() >= 16)
+        .map(str::to_string)
+        .collect();
+    assert!(!secrets.is_empty());
+    relay.kill().unwrap();
+    let _ = relay.wait();
+    let mut logs = String::new();
+    relay
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}")))
+        .collect();
+    assert!(lines.iter().all(|l| l["level"].is_string()), "{logs}");
+    let events = |event: &str| -> Vec<&serde_json::Value> {
+        lines.iter().filter(|l| l["event"] == event).collect()
+    };
+    let accepted = events("accepted");
+    assert_eq!(accepted.len(), 1, "{logs}");
+    let a = accepted[0];
+    assert_eq!(a["method"], "message.send");
+    assert_eq!(a["message_id"], id.as_str());
+    assert_eq!(a["from"], alice.key.id().as_str());
+    assert_eq!(a["to"], bob.key.id().as_str());
+    assert_eq!(a["status"], "target_accepted");
+    let ended = events("delivery_ended");
+    assert_eq!(ended.len(), 1, "{logs}");
+    let e = ended[0];
+    assert_eq!(e["message_id"], id.as_str());
+    assert_eq!(e["from"], alice.key.id().as_str());
+    assert_eq!(e["to"], bob.key.id().as_str());
+    assert_eq!(e["status"], "target_accepted");
+    assert!(e["error_code"].is_null());
+    // Ids only: neither the body nor any session token reaches the log.
+    for secret in &secrets {
+        assert!(!logs.contains(secret.as_str()), "{logs}");
+    }
+    assert!(!logs.contains(&alice.session), "{logs}");
+}
