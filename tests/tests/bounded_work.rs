@@ -505,3 +505,62 @@ fn a_relay_serves_at_most_max_accounts_and_an_account_at_most_max_device_records
     revoke(&mut w).result.expect("third record");
     assert_eq!(code_of(&revoke(&mut w)), "payload_too_large");
 }
+
+/// A store whose next range read after a commit fails once (SQLite `busy`).
+struct BusyAfterCommit {
+    inner: relay_core::engine::MemoryStore,
+    fail_next_scan: bool,
+}
+
+impl relay_core::engine::Storage for BusyAfterCommit {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, relay_core::engine::StorageError> {
+        self.inner.get(key)
+    }
+    fn scan(
+        &mut self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, relay_core::engine::StorageError> {
+        if std::mem::take(&mut self.fail_next_scan) {
+            return Err(relay_core::engine::StorageError("busy".into()));
+        }
+        self.inner.scan(start, end, limit)
+    }
+    fn commit(
+        &mut self,
+        batch: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<(), relay_core::engine::StorageError> {
+        self.inner.commit(batch)?;
+        self.fail_next_scan = true;
+        Ok(())
+    }
+}
+
+#[test]
+fn an_operation_that_committed_but_could_not_read_its_next_wake_up_asks_for_a_tick_now() {
+    use rand::SeedableRng;
+    use relay_core::engine::{Effect, Engine};
+    let mut w = World::new(1914);
+    let a = w.relay("a");
+    let b = w.relay("b");
+    let alice = w.account(a, 1, true);
+    let bob = w.account(b, 1, true);
+    w.publish_route(a, &bob);
+    let m = w.message(&alice, 0, &bob, "x", &Msg::default());
+    let store = BusyAfterCommit {
+        inner: w.nodes[a].store.clone(),
+        fail_next_scan: false,
+    };
+    let entropy = TestEntropy(rand_chacha::ChaCha20Rng::seed_from_u64(7));
+    let mut e = Engine::new(w.nodes[a].config.clone(), store, entropy);
+    let params = relay_core::wire::canonical::object_to_vec(&m);
+    let now = w.clock(a);
+    let r = e.call(&World::session(&alice, 0), "message.send", &params, now);
+    assert!(r.result.is_ok());
+    assert!(
+        r.effects.contains(&Effect::WakeAt(now)),
+        "a tick at once stands in for the wake-up it could not read: {:?}",
+        r.effects
+    );
+}

@@ -59,6 +59,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             txn,
             mut effects,
             rescheduled,
+            now,
             ..
         } = self;
         let value = match result {
@@ -70,8 +71,12 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             Err(e) => return (Err(e.into()), Vec::new()),
         };
         if rescheduled {
-            if let Ok(Some(at)) = next_wake(store) {
-                effects.push(Effect::WakeAt(at));
+            match next_wake(store) {
+                Ok(Some(at)) => effects.push(Effect::WakeAt(at)),
+                Ok(None) => {}
+                // The operation committed but its next wake-up could not be read: ask for a
+                // tick now rather than none, so no timer is lost (the tick reads it again).
+                Err(_) => effects.push(Effect::WakeAt(now)),
             }
         }
         (Ok(value), effects)
