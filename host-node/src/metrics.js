@@ -85,7 +85,42 @@ export class TransportMetrics {
     this.connections = 0;
     /** Open WebSockets. */
     this.websockets = 0;
+    /** Connections closed at accept, by cause: the open-connection cap, or the per-address cap. */
+    this.refused = { limit: 0, perIp: 0 };
+    /** Requests and frames answered 503 because `maxPending` were waiting for the core. */
+    this.busy = 0;
+    /** WebSockets dropped because their client did not read (send queue full). */
+    this.dropped = 0;
     const self = this;
+    new Counter({
+      name: 'relay_connections_refused_total',
+      help: 'Connections closed at accept: over --max-connections (limit) or --max-connections-per-ip (per_ip).',
+      labelNames: ['cause'],
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        this.inc({ cause: 'limit' }, self.refused.limit);
+        this.inc({ cause: 'per_ip' }, self.refused.perIp);
+      },
+    });
+    new Counter({
+      name: 'relay_busy_total',
+      help: 'Requests and WebSocket frames answered 503 unavailable because --max-pending were waiting for the core.',
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        this.inc(self.busy);
+      },
+    });
+    new Counter({
+      name: 'relay_websockets_dropped_total',
+      help: 'WebSockets dropped because their client did not read (over --ws-send-queue frames queued).',
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        this.inc(self.dropped);
+      },
+    });
     new Gauge({
       name: 'relay_open_connections',
       help: 'TCP connections open on the HTTP listeners (public and admin, WebSockets included).',

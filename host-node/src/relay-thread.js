@@ -7,6 +7,7 @@ import { Worker } from 'node:worker_threads';
 import { addon } from './native.js';
 import { SessionKeys, preverifying } from './preverify.js';
 import { Log } from './log.js';
+import { SERVE_OPTIONS } from './relay.js';
 
 const WORKER = new URL('./relay-thread-worker.js', import.meta.url);
 
@@ -16,10 +17,13 @@ export class RelayThread extends EventEmitter {
    * @param {Worker} worker
    * @param {{wellKnown: string, maxRequestBytes: number, data: string | null, adminListen: string}} started
    * @param {Log} [log] this thread's log (the transports')
+   * @param {Record<string, unknown>} [serveOptions] `serve`'s options given at start (limits, TLS)
    */
-  constructor(worker, started, log = new Log()) {
+  constructor(worker, started, log = new Log(), serveOptions = {}) {
     super();
     this.worker = worker;
+    /** What `serve` uses unless told otherwise: the limits and the certificate for TLS (kept on this thread). */
+    this.serveOptions = serveOptions;
     this.wellKnown = started.wellKnown;
     this.maxRequestBytes = started.maxRequestBytes;
     this.data = started.data;
@@ -45,8 +49,11 @@ export class RelayThread extends EventEmitter {
    * @returns {Promise<RelayThread>}
    */
   static start(opts) {
-    const { log, ...data } = opts;
+    const { log, ...rest } = opts;
     const mine = log ?? new Log({ format: opts.logFormat ?? 'text' });
+    // The transports' options stay here (the TLS key never crosses to the relay thread).
+    const serveOptions = Object.fromEntries(SERVE_OPTIONS.filter((k) => rest[k] !== undefined).map((k) => [k, rest[k]]));
+    const data = Object.fromEntries(Object.entries(rest).filter(([k]) => !SERVE_OPTIONS.includes(k)));
     return new Promise((resolve, reject) => {
       const worker = new Worker(WORKER, { workerData: { ...data, logFormat: mine.format } });
       const early = (e) => reject(e instanceof Error ? e : new Error(`the relay thread exited (code ${e})`));
@@ -55,7 +62,7 @@ export class RelayThread extends EventEmitter {
       worker.once('message', (m) => {
         worker.off('error', early);
         worker.off('exit', early);
-        if (m.started) resolve(new RelayThread(worker, m.started, mine));
+        if (m.started) resolve(new RelayThread(worker, m.started, mine, serveOptions));
         else reject(new Error('the relay thread did not start'));
       });
     });

@@ -7,36 +7,62 @@ import fs from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
+import tls from 'node:tls';
 import { Core } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { RelayMetrics } from './metrics.js';
+import { KeyFetches, REFUSED_CODE, refusedUrl, vettedLookup } from './outbound.js';
+import { LIMITS } from './limits.js';
 
 /** The whole exchange may take at most this long before its outcome counts as unknown. */
 const RESPONSE_TIMEOUT_MS = 20000;
 
 const b64u = (buf) => Buffer.from(buf).toString('base64url');
 
-function secret(file, len) {
+/**
+ * A secret of `len` bytes kept in `file` (base64url): read when the file is there, made
+ * (mode 0600, never over an existing file) only when it is absent. Any other failure stops
+ * the start with a message naming the file: a relay never replaces its key or token because
+ * it could not read them.
+ * @param {string} file @param {number} len
+ * @returns {Buffer}
+ */
+export function secret(file, len) {
+  let text;
   try {
-    const b = Buffer.from(fs.readFileSync(file, 'utf8').trim(), 'base64url');
-    if (b.length !== len) throw new Error(`${file} must hold ${len} bytes`);
-    return b;
+    text = fs.readFileSync(file, 'utf8');
   } catch (e) {
-    if (e.code !== 'ENOENT') throw e;
+    if (e.code !== 'ENOENT') throw new Error(`${file}: cannot read it (${e.code ?? messageOf(e)}); fix it or move it away (a new one is made only when the file is absent)`);
     const b = crypto.randomBytes(len);
-    fs.mkdirSync(path.dirname(file), { recursive: true });
-    fs.writeFileSync(file, b64u(b));
+    try {
+      fs.writeFileSync(file, b64u(b), { mode: 0o600, flag: 'wx' });
+    } catch (w) {
+      throw new Error(`${file}: cannot create it: ${messageOf(w)}`);
+    }
     return b;
   }
+  const t = text.trim();
+  const b = Buffer.from(t, 'base64url');
+  if (!/^[A-Za-z0-9_-]+$/.test(t) || b.length !== len) {
+    throw new Error(`${file}: malformed: it must hold ${len} bytes in base64url; fix it or move it away (a new one is made only when the file is absent)`);
+  }
+  return b;
 }
 
-/** Errors thrown by a peer exchange that prove the request never left. */
-/** Kept-alive connections to peers, per scheme. */
-const AGENTS = { 'http:': new http.Agent({ keepAlive: true }), 'https:': new https.Agent({ keepAlive: true }) };
 /** Largest answer read from a peer. */
 const MAX_ANSWER = 1 << 20;
-const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']);
+/** Errors thrown by a peer exchange that prove the request never left. */
+const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', REFUSED_CODE]);
+
+/** The transport options a relay carries for `serve` (the limits, and the certificate to serve TLS with). */
+export const SERVE_OPTIONS = [...Object.keys(LIMITS), 'tlsCert', 'tlsKey'];
+
+/** @param {string | Buffer | Array<string | Buffer> | undefined} ca @returns {string[]} */
+function caList(ca) {
+  if (ca === undefined || ca === null) return [];
+  return (Array.isArray(ca) ? ca : [ca]).map((c) => c.toString());
+}
 
 /** The methods whose 200 answer is a DeliveryStatus of an accepted message (logged as `accepted`). */
 const ACCEPTING = new Set(['message.send', 'message.deliver']);
@@ -53,6 +79,9 @@ const ACCEPTING = new Set(['message.send', 'message.deliver']);
  * @property {string} [adminListen] where `serve` puts the admin listener
  * @property {Log} [log]
  * @property {RelayMetrics} [metrics]
+ * @property {boolean} [allowPrivatePeers] connect to private, loopback and other non-public peers off `dev`
+ * @property {string | Buffer | Array<string | Buffer>} [ca] PEM certificates trusted for outbound https, beside the system's
+ * @property {Record<string, unknown>} [serveOptions] `serve`'s options carried by the relay (limits, TLS)
  */
 
 export class Relay extends EventEmitter {
@@ -78,8 +107,29 @@ export class Relay extends EventEmitter {
     this.wakeAt = -1;
     this.closed = false;
     this.inflight = new Set();
-    this.peerKeys = new Map();
     this.coreCalls = 0;
+    /** What `serve` uses unless told otherwise: the limits and the certificate for TLS. */
+    this.serveOptions = info.serveOptions ?? {};
+    /** Off `dev`: https only, and (unless allowed) only public peer addresses. */
+    this.outbound = { network: this.network, allowPrivatePeers: Boolean(info.allowPrivatePeers) };
+    const extra = caList(info.ca);
+    /** Kept-alive connections to peers, per scheme; https trusts the system's roots and `ca`. */
+    this.agents = {
+      'http:': new http.Agent({ keepAlive: true }),
+      'https:': new https.Agent({ keepAlive: true, ...(extra.length ? { ca: [...tls.rootCertificates, ...extra] } : {}) }),
+    };
+    /** Connections go only to checked addresses, unless on `dev` or private peers are allowed. */
+    this.lookup = this.network === 'dev' || this.outbound.allowPrivatePeers ? undefined : vettedLookup;
+    /** The limits on fetching claimed relays' keys (protocol.md §6). */
+    this.keyFetches = new KeyFetches(async (relay) => {
+      const r = await this.exchange('GET', `${relay}/.well-known/relay`, {}, undefined);
+      if (r.kind !== 'answered' || r.status !== 200) {
+        this.log.debug(`key fetch from ${relay} failed: ${r.kind === 'answered' ? `status ${r.status}` : r.why}`);
+        return null;
+      }
+      const k = this.core.peerKey(r.body, relay);
+      return k.ok ? k.value : null;
+    });
     // After a trap, whatever call it was, the fresh instance's next wake-up is armed.
     core.onRecover = (at) => this.#schedule(at);
     this.#schedule(core.nextWake());
@@ -174,6 +224,11 @@ export class Relay extends EventEmitter {
     }
     const lib = u.protocol === 'http:' ? http : u.protocol === 'https:' ? https : null;
     if (!lib) return Promise.resolve({ kind: 'not_sent', why: 'scheme' });
+    const refused = refusedUrl(u, this.outbound);
+    if (refused) {
+      this.log.warn(`peer refused, not attempted: ${refused} (--allow-private-peers lifts the address check)`);
+      return Promise.resolve({ kind: 'not_sent', why: 'refused' });
+    }
     return new Promise((resolve) => {
       let connected = false;
       let done = false;
@@ -186,7 +241,8 @@ export class Relay extends EventEmitter {
       const lost = (why) => (connected ? { kind: 'unknown', why } : { kind: 'not_sent', why });
       const all = { 'content-type': 'application/json', ...headers };
       if (body !== undefined) all['content-length'] = Buffer.byteLength(body);
-      const req = lib.request(u, { method, headers: all, agent: AGENTS[u.protocol] }, (res) => {
+      const options = { method, headers: all, agent: this.agents[u.protocol], ...(this.lookup ? { lookup: this.lookup } : {}) };
+      const req = lib.request(u, options, (res) => {
         const chunks = [];
         let size = 0;
         res.on('data', (c) => {
@@ -205,7 +261,10 @@ export class Relay extends EventEmitter {
         if (!sock.connecting) connected = true;
         else sock.once('connect', () => (connected = true));
       });
-      req.on('error', (e) => finish(NOT_SENT.has(e?.code) && !connected ? { kind: 'not_sent', why: e.code } : lost(String(e?.code ?? e?.message))));
+      req.on('error', (e) => {
+        if (e?.code === REFUSED_CODE) this.log.warn(`peer refused, not attempted: ${e.message} (--allow-private-peers lifts the address check)`);
+        finish(NOT_SENT.has(e?.code) && !connected ? { kind: 'not_sent', why: e.code } : lost(String(e?.code ?? e?.message)));
+      });
       req.end(body);
     });
   }
@@ -244,19 +303,11 @@ export class Relay extends EventEmitter {
     }
   }
 
-  /** A peer's published key, cached; fetched again when `refresh`. */
-  async peerKey(relay, refresh = false) {
-    if (!refresh && this.peerKeys.has(relay)) return this.peerKeys.get(relay);
-    const r = await this.exchange('GET', `${relay}/.well-known/relay`, {}, undefined);
-    if (r.kind !== 'answered' || r.status !== 200) return null;
-    const k = this.core.peerKey(r.body, relay);
-    if (!k.ok) return null;
-    this.peerKeys.set(relay, k.value);
-    return k.value;
-  }
-
   /**
-   * Authenticates an inbound relay request (headers by lowercase name).
+   * Authenticates an inbound relay request (headers by lowercase name). The core checks
+   * `to`, `method` and `ts` first (a request failing that fetches nothing); the source's key
+   * comes from the cache or a fetch within the limits of `KeyFetches` (at most one per
+   * claimed relay per 10 s, failures remembered 60 s, 8 in flight: beyond, 503).
    * @returns {Promise<{ok: true, source: string} | {ok: false, reply: object}>}
    */
   async authenticateRelay(headers, method, body) {
@@ -270,9 +321,12 @@ export class Relay extends EventEmitter {
     if (!pre.ok) return pre;
     let last = null;
     for (const refresh of [false, true]) {
-      const key = await this.peerKey(pre.value, refresh);
-      if (!key) continue;
-      const r = this.core.authenticateRequest(h, method, body, Date.now(), key);
+      const got = await this.keyFetches.get(pre.value, refresh);
+      if (got.busy) {
+        return { ok: false, reply: { status: 503, body: { error: { code: 'unavailable', message: 'too many key fetches in flight; retry', data: { retry_after: 1000 } } } } };
+      }
+      if (!got.key) continue;
+      const r = this.core.authenticateRequest(h, method, body, Date.now(), got.key);
       if (r.ok) return { ok: true, source: r.value };
       last = r;
     }
@@ -330,6 +384,7 @@ export class Relay extends EventEmitter {
     this.closed = true;
     clearTimeout(this.timer);
     await Promise.allSettled([...this.inflight]);
+    for (const a of Object.values(this.agents)) a.destroy();
     this.core.flushGroup();
     this.storage?.close?.();
   }
@@ -348,11 +403,15 @@ export class Relay extends EventEmitter {
  * @param {string} [opts.adminListen] where `serve` puts the admin listener (default `127.0.0.1:0`)
  * @param {'text'|'json'} [opts.logFormat] default text
  * @param {Log} [opts.log] a log of the caller's (instead of one made from `logFormat`)
+ * @param {boolean} [opts.allowPrivatePeers] off `dev`, connect to loopback, private and other non-public peers too
+ * @param {string | Buffer | Array<string | Buffer>} [opts.ca] PEM CA certificates trusted for outbound https beside the system's
  * @returns {Promise<Relay>}
  */
 export async function createRelay(opts) {
   const log = opts.log ?? new Log({ format: opts.logFormat ?? 'text' });
   const network = opts.network ?? 'dev';
+  // The data directory holds the relay key and the operator token: its owner's only.
+  if (opts.data) fs.mkdirSync(opts.data, { recursive: true, mode: 0o700 });
   let storage = opts.storage;
   if (storage === undefined) storage = opts.data ? 'sqlite' : 'memory';
   const owned = typeof storage === 'string';
@@ -388,5 +447,8 @@ export async function createRelay(opts) {
     adminListen: opts.adminListen,
     log,
     metrics,
+    allowPrivatePeers: opts.allowPrivatePeers,
+    ca: opts.ca,
+    serveOptions: Object.fromEntries(SERVE_OPTIONS.filter((k) => opts[k] !== undefined).map((k) => [k, opts[k]])),
   });
 }

@@ -1,45 +1,126 @@
-// The transports of protocol.md §6 on one port: HTTP, WebSocket, relay RPC, /.well-known/relay,
-// and the health checks. The operator's side is on a listener of its own (loopback by
-// default): the admin API, /metrics and the health checks.
+// The transports of protocol.md §6 on one port: HTTP (or HTTPS), WebSocket, relay RPC,
+// /.well-known/relay, and the health checks. The operator's side is on a listener of its own
+// (loopback by default): the admin API, /metrics and the health checks.
+//
+// Facing the internet (issue 18): every server, socket and WebSocket has its errors caught;
+// headers, bodies and idle connections are timed; connections are capped in all and per
+// peer address at accept; bodies and WebSocket messages are limited to max_request_bytes
+// while they are read; each WebSocket's outbound queue is bounded, and so is the work
+// waiting to enter the core (beyond it: 503 unavailable, Retry-After 1). The limits and
+// their defaults are in limits.js.
 
 import fs from 'node:fs';
 import http from 'node:http';
+import https from 'node:https';
 import path from 'node:path';
-import { WebSocketServer } from 'ws';
+import { WebSocketServer, WebSocket } from 'ws';
 import { Dispatch, errorBody } from './dispatch.js';
 import { Log, messageOf } from './log.js';
 import { CONTENT_TYPE, TransportMetrics } from './metrics.js';
+import { limitsOf } from './limits.js';
+
+/** Frames read ahead of the one the core is answering, per WebSocket; past it the socket is paused. */
+const WS_READ_AHEAD = 8;
+
+/** The answer when the work waiting for the core is at `maxPending`. */
+const BUSY = { error: { code: 'unavailable', message: 'the relay is busy; retry', data: { retry_after: 1000 } } };
 
 function send(res, status, body) {
   const text = typeof body === 'string' ? body : JSON.stringify(body);
   const headers = { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) };
-  // A 429 says when to retry; its body may come as text from a relay thread.
-  const retry = status === 429 ? (typeof body === 'string' ? JSON.parse(body) : body)?.error?.data?.retry_after : undefined;
-  if (Number.isInteger(retry)) headers['retry-after'] = String(Math.ceil(retry / 1000));
+  // A 429 or 503 says when to retry; its body may come as text from a relay thread.
+  const retry = status === 429 || status === 503 ? (typeof body === 'string' ? JSON.parse(body) : body)?.error?.data?.retry_after : undefined;
+  if (Number.isInteger(retry)) headers['retry-after'] = String(Math.max(1, Math.ceil(retry / 1000)));
   res.writeHead(status, headers);
   res.end(text);
 }
 
-/** Reads a body up to `limit` bytes; `null` when it is larger (413 before any parsing). */
-function readBody(req, limit) {
+/**
+ * Answers and closes the connection without reading the rest of the request: the answer is
+ * written, then the socket is destroyed once it is flushed.
+ */
+function refuse(req, res, status, body) {
+  req.pause();
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const text = JSON.stringify(body);
+  res.shouldKeepAlive = false;
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), connection: 'close' });
+  res.end(text, () => req.socket.destroy());
+}
+
+/**
+ * Reads a body up to `limit` bytes within `timeout` ms; `null` when it was refused (413 as
+ * soon as the declared length or the count passes the limit, 408 when the time is up: the
+ * answer is sent, the rest is not read and the connection is closed).
+ */
+function readBody(req, res, limit, timeout) {
   return new Promise((resolve, reject) => {
+    const tooLarge = () => errorBody('payload_too_large', `request body exceeds max_request_bytes ${limit}`);
     const declared = Number(req.headers['content-length']);
     if (Number.isFinite(declared) && declared > limit) {
-      req.resume();
+      refuse(req, res, 413, tooLarge());
       resolve(null);
       return;
     }
     const chunks = [];
     let size = 0;
-    let over = false;
-    req.on('data', (c) => {
+    let done = false;
+    const stop = () => {
+      done = true;
+      clearTimeout(timer);
+      req.off('data', onData);
+    };
+    const timer = setTimeout(() => {
+      if (done) return;
+      stop();
+      refuse(req, res, 408, errorBody('unavailable', `the request body did not arrive within ${timeout} ms`));
+      resolve(null);
+    }, timeout);
+    const onData = (c) => {
+      if (done) return;
       size += c.length;
-      if (size > limit) over = true;
-      else chunks.push(c);
+      if (size > limit) {
+        stop();
+        refuse(req, res, 413, tooLarge());
+        resolve(null);
+      } else chunks.push(c);
+    };
+    req.on('data', onData);
+    req.on('end', () => {
+      if (done) return;
+      stop();
+      resolve(Buffer.concat(chunks));
     });
-    req.on('end', () => resolve(over ? null : Buffer.concat(chunks)));
-    req.on('error', reject);
+    req.on('error', (e) => {
+      if (done) return;
+      stop();
+      reject(e);
+    });
+    // The client went away before the end: nothing to answer.
+    req.on('close', () => {
+      if (done) return;
+      stop();
+      resolve(null);
+    });
   });
+}
+
+/** The path of a request target, or null when it cannot be read (`//`, garbage). @param {string | undefined} target */
+function urlOf(target) {
+  try {
+    return new URL(target ?? '', 'http://relay');
+  } catch {
+    return null;
+  }
+}
+
+/** A peer's address for the per-address count: IPv4-mapped IPv6 as IPv4. @param {string | undefined} a */
+function peerOf(a) {
+  if (!a) return '?';
+  return a.startsWith('::ffff:') && a.includes('.') ? a.slice(7) : a;
 }
 
 /** The relay-authentication headers of protocol.md §6, the only ones a relay request needs. */
@@ -74,10 +155,10 @@ export function parseAddr(addr) {
   return { host: m[1] ?? m[2], port: Number(m[3]) };
 }
 
-/** A listening server's base URL. @param {http.Server} server */
-function baseUrl(server) {
+/** A listening server's base URL. @param {http.Server} server @param {string} [scheme] */
+function baseUrl(server, scheme = 'http') {
   const a = /** @type {import('node:net').AddressInfo} */ (server.address());
-  return `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
+  return `${scheme}://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
 }
 
 /** Starts `server` listening; rejects when it cannot bind. @param {http.Server} server @param {{host: string, port: number}} at */
@@ -92,27 +173,56 @@ function listen(server, at) {
 }
 
 /**
- * Serves a relay over HTTP and WebSocket: a `Relay` on this thread, or a relay thread
- * (`RelayThread.start`), which leaves this thread to the transports. The admin listener
- * binds `opts.admin` (else the relay's `adminListen`, else `127.0.0.1:0`); its base URL is
- * logged and, when the relay has a data directory, written to `DATA/admin.url` before the
- * public port listens.
+ * Serves a relay over HTTP (or HTTPS) and WebSocket: a `Relay` on this thread, or a relay
+ * thread (`RelayThread.start`), which leaves this thread to the transports. The admin
+ * listener binds `opts.admin` (else the relay's `adminListen`, else `127.0.0.1:0`); its base
+ * URL is logged and, when the relay has a data directory, written to `DATA/admin.url` before
+ * the public port listens. The limits (limits.js) and `tlsCert`/`tlsKey` come from `opts`,
+ * else from the options the relay was made with, else the defaults.
  * @param {import('./relay.js').Relay | import('./relay-thread.js').RelayThread} relay
- * @param {{host?: string, port?: number, admin?: string}} opts
- * @returns {Promise<{server: http.Server, port: number, admin: http.Server, adminUrl: string, close: () => Promise<void>}>}
+ * @param {{host?: string, port?: number, admin?: string, tlsCert?: string | Buffer, tlsKey?: string | Buffer} & Partial<import('./limits.js').LIMITS>} opts
+ * @returns {Promise<{server: http.Server, port: number, admin: http.Server, adminUrl: string, url: string, close: () => Promise<void>}>}
  */
 export async function serve(relay, opts = {}) {
   const front = typeof relay.request === 'function' ? relay : new Dispatch(relay);
   /** @type {Log} */
   const log = front.log ?? new Log();
+  const carried = /** @type {Record<string, any>} */ (relay.serveOptions ?? {});
+  const limits = limitsOf(carried, opts);
+  const tlsCert = opts.tlsCert ?? carried.tlsCert;
+  const tlsKey = opts.tlsKey ?? carried.tlsKey;
+  if (Boolean(tlsCert) !== Boolean(tlsKey)) throw new Error('TLS needs both a certificate (tlsCert) and its key (tlsKey)');
+  const maxBytes = front.maxRequestBytes;
   const metrics = new TransportMetrics();
   let shuttingDown = false;
+  /** Requests and frames waiting for the core (or the relay thread), at most `maxPending`. */
+  let pending = 0;
   const readiness = async () => (shuttingDown ? { ready: false, reason: 'shutting down' } : front.ready());
-  /** @type {Map<string, Set<{device: string, ws: import('ws').WebSocket}>>} */
+  /** @typedef {{device: string, ws: WebSocket, queued: number, alive: boolean, waiting: number}} Conn */
+  /** @type {Map<string, Set<Conn>>} */
   const sockets = new Map();
+
+  /**
+   * Queues a text frame to a WebSocket. A client that does not read lets its queue grow: past
+   * `wsSendQueue` frames not yet written to the socket, it is dropped.
+   * @param {Conn} c @param {string} text
+   */
+  const push = (c, text) => {
+    if (c.ws.readyState !== WebSocket.OPEN) return;
+    if (c.queued >= limits.wsSendQueue) {
+      log.info('websocket dropped: its client does not read (send queue full)', { queued: c.queued });
+      metrics.dropped += 1;
+      c.ws.terminate();
+      return;
+    }
+    c.queued += 1;
+    c.ws.send(text, () => {
+      c.queued -= 1;
+    });
+  };
   front.on('notify', ({ account, latest_seq }) => {
     const frame = JSON.stringify({ method: 'message.timeline.changed', params: { account, latest_seq } });
-    for (const c of sockets.get(account) ?? []) c.ws.send(frame);
+    for (const c of sockets.get(account) ?? []) push(c, frame);
   });
   front.on('end_device_sessions', ({ account, device_id }) => {
     for (const c of sockets.get(account) ?? []) if (c.device === device_id) c.ws.close(4401, 'device revoked');
@@ -131,9 +241,28 @@ export async function serve(relay, opts = {}) {
     return true;
   };
 
-  const server = http.createServer(async (req, res) => {
+  /**
+   * Runs `f` as work for the core unless `maxPending` are waiting already (then `null`).
+   * @template T @param {() => Promise<T>} f @returns {Promise<T | null>}
+   */
+  const work = async (f) => {
+    if (pending >= limits.maxPending) {
+      metrics.busy += 1;
+      return null;
+    }
+    pending += 1;
     try {
-      const url = new URL(req.url, 'http://relay');
+      return await f();
+    } finally {
+      pending -= 1;
+    }
+  };
+
+  /** The public listener's requests. */
+  const onRequest = async (req, res) => {
+    try {
+      const url = urlOf(req.url);
+      if (!url) return send(res, 400, errorBody('invalid_params', 'unreadable request target'));
       if (req.method === 'GET' && url.pathname === '/.well-known/relay') return send(res, 200, front.wellKnown);
       if (url.pathname === '/healthz' || url.pathname === '/readyz') {
         if (await health(req, res, url.pathname)) return undefined;
@@ -141,13 +270,14 @@ export async function serve(relay, opts = {}) {
       // The admin API is not served here: only on the admin listener.
       const m = /^\/(v1|relay\/v1)\/([a-z.]+)$/.exec(url.pathname);
       if (req.method !== 'POST' || !m) return send(res, 404, errorBody('not_found', 'no such route'));
-      const body = await readBody(req, front.maxRequestBytes);
-      if (body === null) return send(res, 413, errorBody('payload_too_large', `request body exceeds max_request_bytes ${front.maxRequestBytes}`));
+      const body = await readBody(req, res, maxBytes, limits.bodyTimeout);
+      if (body === null) return undefined;
       const text = body.toString('utf8');
       if (!Buffer.from(text, 'utf8').equals(body)) return send(res, 400, errorBody('invalid_params', 'invalid JSON: invalid UTF-8'));
       const [, space, method] = m;
       // The peer's address as the socket reports it; the core reads IPv4-mapped IPv6 as IPv4.
-      const r = await front.request(space, method, bearer(req), space === 'relay/v1' ? relayHeaders(req.headers) : null, text, req.socket.remoteAddress ?? null);
+      const r = await work(() => front.request(space, method, bearer(req), space === 'relay/v1' ? relayHeaders(req.headers) : null, text, req.socket.remoteAddress ?? null));
+      if (r === null) return send(res, 503, BUSY);
       return send(res, r.status, r.body);
     } catch (e) {
       // The relay thread stopped with this request in it: its outcome is unknown, and a
@@ -155,21 +285,16 @@ export async function serve(relay, opts = {}) {
       if (e?.code === 'RELAY_THREAD_LOST') return res.destroy();
       log.error(`request failed: ${e?.stack ?? e}`);
       if (!res.headersSent) send(res, 500, errorBody('internal', 'the relay failed; nothing was accepted'));
+      else res.destroy();
     }
     return undefined;
-  });
-  // Open connections, counted as they come and go (read at scrape time).
-  const counted = (socket) => {
-    metrics.connections += 1;
-    socket.once('close', () => {
-      metrics.connections -= 1;
-    });
   };
-  server.on('connection', counted);
 
-  const admin = http.createServer(async (req, res) => {
+  /** The admin listener's requests. */
+  const onAdmin = async (req, res) => {
     try {
-      const url = new URL(req.url, 'http://relay');
+      const url = urlOf(req.url);
+      if (!url) return send(res, 400, errorBody('invalid_params', 'unreadable request target'));
       if (await health(req, res, url.pathname)) return undefined;
       if (req.method === 'GET' && url.pathname === '/metrics') {
         const text = (await front.metrics()) + (await metrics.text());
@@ -177,8 +302,8 @@ export async function serve(relay, opts = {}) {
       }
       const m = /^\/admin\/v1\/([a-z.]+)$/.exec(url.pathname);
       if (req.method !== 'POST' || !m) return send(res, 404, errorBody('not_found', 'no such route'));
-      const body = await readBody(req, front.maxRequestBytes);
-      if (body === null) return send(res, 413, errorBody('payload_too_large', `request body exceeds max_request_bytes ${front.maxRequestBytes}`));
+      const body = await readBody(req, res, maxBytes, limits.bodyTimeout);
+      if (body === null) return undefined;
       const text = body.toString('utf8');
       if (!Buffer.from(text, 'utf8').equals(body)) return send(res, 400, errorBody('invalid_params', 'invalid JSON: invalid UTF-8'));
       const r = await front.request('admin/v1', m[1], bearer(req), null, text, req.socket.remoteAddress ?? null);
@@ -187,62 +312,193 @@ export async function serve(relay, opts = {}) {
       if (e?.code === 'RELAY_THREAD_LOST') return res.destroy();
       log.error(`admin request failed: ${e?.stack ?? e}`);
       if (!res.headersSent) send(res, 500, errorBody('internal', `the relay failed: ${messageOf(e)}`));
+      else res.destroy();
     }
     return undefined;
-  });
-  admin.on('connection', counted);
+  };
 
-  const wss = new WebSocketServer({ noServer: true, maxPayload: front.maxRequestBytes + 1024 });
-  server.on('upgrade', async (req, socket, head) => {
-    const url = new URL(req.url, 'http://relay');
-    if (url.pathname !== '/v1/ws') return socket.destroy();
+  // node:http's own timers: the request line and headers within headerTimeout (else 408 and
+  // close), the whole request within headerTimeout + bodyTimeout (the body's own timer in
+  // readBody answers first), idle keep-alive connections closed after idleTimeout (node adds
+  // a second of grace), and no connection left with nothing moving either way for
+  // idleTimeout + bodyTimeout. The timers are checked every quarter of the shortest (at most
+  // once a second, at least every 50 ms).
+  const httpOptions = {
+    headersTimeout: limits.headerTimeout,
+    requestTimeout: limits.headerTimeout + limits.bodyTimeout,
+    connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(Math.min(limits.headerTimeout, limits.bodyTimeout) / 4))),
+  };
+  /** @param {http.Server} s */
+  const timed = (s) => {
+    s.keepAliveTimeout = limits.idleTimeout;
+    s.timeout = limits.idleTimeout + limits.bodyTimeout;
+    s.maxConnections = limits.maxConnections;
+    return s;
+  };
+  const server = timed(
+    tlsCert
+      ? https.createServer({ ...httpOptions, cert: tlsCert, key: tlsKey, handshakeTimeout: limits.headerTimeout }, onRequest)
+      : http.createServer(httpOptions, onRequest),
+  );
+  const admin = timed(http.createServer(httpOptions, onAdmin));
+  for (const [name, s] of [['public', server], ['admin', admin]]) {
+    s.on('error', (e) => log.error(`${name} listener: ${messageOf(e)}`));
+    // Beyond maxConnections node closes a new connection at once.
+    s.on('drop', () => {
+      metrics.refused.limit += 1;
+    });
+  }
+  server.on('tlsClientError', (e, socket) => {
+    log.debug(`TLS handshake failed: ${messageOf(e)}`);
+    socket.destroy();
+  });
+
+  /** Open connections per peer address (public listener). @type {Map<string, number>} */
+  const perIp = new Map();
+  server.on('connection', (socket) => {
+    const ip = peerOf(socket.remoteAddress);
+    const n = perIp.get(ip) ?? 0;
+    if (n >= limits.maxConnectionsPerIp) {
+      metrics.refused.perIp += 1;
+      socket.destroy();
+      return;
+    }
+    perIp.set(ip, n + 1);
+    metrics.connections += 1;
+    socket.once('close', () => {
+      metrics.connections -= 1;
+      const left = (perIp.get(ip) ?? 1) - 1;
+      if (left > 0) perIp.set(ip, left);
+      else perIp.delete(ip);
+    });
+  });
+  admin.on('connection', (socket) => {
+    metrics.connections += 1;
+    socket.once('close', () => {
+      metrics.connections -= 1;
+    });
+  });
+
+  // Messages over max_request_bytes close the socket with 1009; RSV bits, unmasked frames
+  // and bad opcodes with 1002, invalid UTF-8 text with 1007 (the ws library's checks; its
+  // 'error' event is caught below).
+  const wss = new WebSocketServer({ noServer: true, maxPayload: maxBytes });
+  wss.on('error', (e) => log.error(`websocket server: ${messageOf(e)}`));
+
+  /** A raw answer on a socket that asked to upgrade, then closed. */
+  const reject = (socket, status) => {
+    if (!socket.destroyed && socket.writable) socket.end(`HTTP/1.1 ${status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`);
+    socket.destroy();
+  };
+
+  const upgrade = async (req, socket, head) => {
+    // node:http lets go of an upgrading socket: its errors are this handler's from here.
+    socket.on('error', (e) => log.debug(`socket error during upgrade: ${messageOf(e)}`));
+    const url = urlOf(req.url);
+    if (!url) return reject(socket, '400 Bad Request');
+    if (url.pathname !== '/v1/ws') return reject(socket, '404 Not Found');
     const token = bearer(req) ?? url.searchParams.get('session');
     let s = { ok: false };
-    try {
-      if (token) s = await front.session(token);
-    } catch (e) {
-      log.error(`session check failed: ${e?.stack ?? e}`);
+    if (token) {
+      const r = await work(async () => {
+        try {
+          return await front.session(token);
+        } catch (e) {
+          if (e?.code !== 'RELAY_THREAD_LOST') log.error(`session check failed: ${e?.stack ?? e}`);
+          return { ok: false };
+        }
+      });
+      if (r === null) return reject(socket, '503 Service Unavailable\r\nRetry-After: 1');
+      s = r;
     }
-    if (!s.ok) {
-      socket.write('HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
-      return socket.destroy();
-    }
+    if (!s.ok) return reject(socket, '401 Unauthorized');
+    if (socket.destroyed) return undefined;
     const origin = req.socket.remoteAddress ?? null;
     wss.handleUpgrade(req, socket, head, (ws) => {
       const { account, device_id: device, expires_at: expires } = s.info;
-      const entry = { device, ws };
+      /** @type {Conn} */
+      const c = { device, ws, queued: 0, alive: true, waiting: 0 };
       metrics.websockets += 1;
       if (!sockets.has(account)) sockets.set(account, new Set());
-      sockets.get(account).add(entry);
+      sockets.get(account).add(c);
       const expiry = setTimeout(() => ws.close(4401, 'session expired'), Math.max(0, Math.min(expires - Date.now(), 2 ** 31 - 1)));
-      // Frames are answered in the order they came, one at a time.
+      ws.on('error', (e) => log.debug(`websocket closed on a protocol error: ${messageOf(e)}`, { code: /** @type {any} */ (e).code }));
+      const alive = () => {
+        c.alive = true;
+      };
+      ws.on('pong', alive);
+      ws.on('ping', alive);
+      // Frames are answered in the order they came, one at a time; a few are read ahead,
+      // then the socket is paused until the core catches up.
       let queue = Promise.resolve();
       ws.on('message', (data) => {
+        c.alive = true;
         const text = data.toString('utf8');
+        c.waiting += 1;
+        if (c.waiting >= WS_READ_AHEAD) ws.pause();
         queue = queue.then(async () => {
           try {
-            const { reply, ended } = await front.frame(token, text, origin);
-            ws.send(reply);
-            if (ended) ws.close(4401, 'session ended');
+            if (ws.readyState !== WebSocket.OPEN) return;
+            const r = await work(() => front.frame(token, text, origin));
+            if (r === null) {
+              push(c, JSON.stringify({ id: frameId(text), ...BUSY }));
+              return;
+            }
+            push(c, r.reply);
+            if (r.ended) ws.close(4401, 'session ended');
           } catch (e) {
-            log.error(`frame failed: ${e?.stack ?? e}`);
+            if (e?.code !== 'RELAY_THREAD_LOST') log.error(`frame failed: ${e?.stack ?? e}`);
             ws.close(1011, 'the relay failed');
+          } finally {
+            c.waiting -= 1;
+            if (c.waiting < WS_READ_AHEAD && ws.isPaused) ws.resume();
           }
         });
       });
       ws.on('close', () => {
         metrics.websockets -= 1;
         clearTimeout(expiry);
-        sockets.get(account)?.delete(entry);
+        const set = sockets.get(account);
+        set?.delete(c);
+        if (set?.size === 0) sockets.delete(account);
       });
     });
+    return undefined;
+  };
+  server.on('upgrade', (req, socket, head) => {
+    upgrade(req, socket, head).catch((e) => {
+      log.error(`upgrade failed: ${e?.stack ?? e}`);
+      socket.destroy();
+    });
   });
+
+  // Liveness: every WebSocket is pinged each wsPingInterval; one from which nothing came
+  // since the last ping (no pong, no frame) is closed.
+  const pinger = setInterval(() => {
+    for (const set of sockets.values()) {
+      for (const c of set) {
+        if (!c.alive) {
+          log.debug('websocket closed: no pong since the last ping');
+          c.ws.terminate();
+          continue;
+        }
+        c.alive = false;
+        c.ws.ping();
+      }
+    }
+  }, limits.wsPingInterval);
+  pinger.unref();
 
   // The admin listener first, and its URL written, so whoever sees the public port up finds
   // this start's admin.url (never the last one's).
   const adminFile = front.data ? path.join(front.data, 'admin.url') : null;
   if (adminFile) fs.rmSync(adminFile, { force: true });
-  await listen(admin, parseAddr(opts.admin ?? front.adminListen ?? '127.0.0.1:0'));
+  try {
+    await listen(admin, parseAddr(opts.admin ?? front.adminListen ?? '127.0.0.1:0'));
+  } catch (e) {
+    clearInterval(pinger);
+    throw e;
+  }
   const adminUrl = baseUrl(admin);
   if (adminFile) {
     fs.writeFileSync(`${adminFile}.tmp`, `${adminUrl}\n`, { mode: 0o600 });
@@ -252,17 +508,20 @@ export async function serve(relay, opts = {}) {
   try {
     await listen(server, { port: opts.port ?? 0, host: opts.host ?? '127.0.0.1' });
   } catch (e) {
+    clearInterval(pinger);
     admin.close();
     throw e;
   }
   return {
     server,
     port: /** @type {import('node:net').AddressInfo} */ (server.address()).port,
+    url: baseUrl(server, tlsCert ? 'https' : 'http'),
     admin,
     adminUrl,
     close: async () => {
       // /readyz says so from now on, on both listeners, while requests in flight finish.
       shuttingDown = true;
+      clearInterval(pinger);
       for (const set of sockets.values()) for (const c of set) c.ws.terminate();
       await Promise.all([new Promise((resolve) => server.close(resolve)), new Promise((resolve) => admin.close(resolve))]);
       await front.close();
@@ -276,4 +535,14 @@ export async function serve(relay, opts = {}) {
       }
     },
   };
+}
+
+/** The `id` of a frame, for an answer that does not reach the core (null when it cannot be read). @param {string} text */
+function frameId(text) {
+  try {
+    const id = JSON.parse(text)?.id;
+    return typeof id === 'string' || typeof id === 'number' ? id : null;
+  } catch {
+    return null;
+  }
 }

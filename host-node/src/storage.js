@@ -63,7 +63,9 @@ export class SqliteStorage {
    * @param {{exclusive?: boolean}} [opts] exclusive (the default): hold the database lock while open
    */
   constructor(file, { exclusive = true } = {}) {
-    fs.mkdirSync(path.dirname(file), { recursive: true });
+    fs.mkdirSync(path.dirname(file), { recursive: true, mode: 0o700 });
+    // Created 0600 before SQLite opens it (SQLite gives its journal files the database's mode).
+    fs.closeSync(fs.openSync(file, 'a', 0o600));
     // A relay that holds the database keeps it: waiting long for it only delays the error.
     this.db = new Database(file, { timeout: 1000 });
     try {
