@@ -412,6 +412,9 @@ export async function createRelay(opts) {
   const network = opts.network ?? 'dev';
   // The data directory holds the relay key and the operator token: its owner's only.
   if (opts.data) fs.mkdirSync(opts.data, { recursive: true, mode: 0o700 });
+  // The secrets first: a start they stop leaves nothing open.
+  const seed = opts.data ? secret(path.join(opts.data, 'relay.key'), 32) : crypto.randomBytes(32);
+  const admin = opts.data ? secret(path.join(opts.data, 'admin.token'), 24) : crypto.randomBytes(24);
   let storage = opts.storage;
   if (storage === undefined) storage = opts.data ? 'sqlite' : 'memory';
   const owned = typeof storage === 'string';
@@ -421,8 +424,6 @@ export async function createRelay(opts) {
   } else if (storage === 'memory') {
     storage = new MemoryStorage();
   }
-  const seed = opts.data ? secret(path.join(opts.data, 'relay.key'), 32) : crypto.randomBytes(32);
-  const admin = opts.data ? secret(path.join(opts.data, 'admin.token'), 24) : crypto.randomBytes(24);
   const config = JSON.stringify({ relay: opts.relay, network, policies: opts.policies ?? {}, ...(opts.engine ?? {}) });
   const metrics = new RelayMetrics();
   let core;
