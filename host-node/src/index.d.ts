@@ -102,7 +102,38 @@ export interface Reply {
   body: any;
 }
 
-export interface RelayOptions {
+/**
+ * The transport limits of protocol.md §6 (issue 18), each with its `relay-node serve` flag
+ * and TOML key; every one a positive integer.
+ */
+export interface Limits {
+  /** `--header-timeout` (default 10000 ms): request line and headers within it, else 408 and close. */
+  headerTimeout?: number;
+  /** `--body-timeout` (default 30000 ms): the whole body within it once the headers are in, else 408 and close. */
+  bodyTimeout?: number;
+  /** `--idle-timeout` (default 60000 ms): an idle keep-alive connection is closed (node:http adds a second of grace). */
+  idleTimeout?: number;
+  /** `--ws-ping-interval` (default 30000 ms): every WebSocket is pinged; no frame since the last ping closes it. */
+  wsPingInterval?: number;
+  /** `--max-connections` (default 1000): open TCP connections at most; beyond, new ones are closed at accept. */
+  maxConnections?: number;
+  /** `--max-connections-per-ip` (default 64): the same, per peer IP address. */
+  maxConnectionsPerIp?: number;
+  /** `--ws-send-queue` (default 256): frames queued per WebSocket at most; a client that lets it fill is dropped. */
+  wsSendQueue?: number;
+  /** `--max-pending` (default 1024): requests waiting for the core at most; beyond, 503 unavailable with Retry-After 1. */
+  maxPending?: number;
+}
+
+/** What `serve` takes beside the listen address: the limits, and a certificate to serve HTTPS and WSS with. */
+export interface ServeOptions extends Limits {
+  /** PEM certificate (chain) for the public listener (`--tls-cert`); with `tlsKey`, it serves HTTPS and WSS only. */
+  tlsCert?: string | Buffer;
+  /** Its PEM private key (`--tls-key`). */
+  tlsKey?: string | Buffer;
+}
+
+export interface RelayOptions extends ServeOptions {
   /** The relay id: its origin URL. */
   relay: string;
   /** Default `dev`. */
@@ -121,6 +152,14 @@ export interface RelayOptions {
   logFormat?: LogFormat;
   /** A log of the caller's, instead of one made from `logFormat` (a relay thread makes its own from `log.format`). */
   log?: Log;
+  /**
+   * Off `dev`, peers are reached over https only and only at public addresses (a name's
+   * resolved addresses are checked, and the connection goes to a checked one); this lifts the
+   * address check (`--allow-private-peers`), for private deployments and tests.
+   */
+  allowPrivatePeers?: boolean;
+  /** PEM CA certificates trusted for outbound https beside the system's (`--ca`). */
+  ca?: string | Buffer | Array<string | Buffer>;
 }
 
 export class Relay extends EventEmitter {
@@ -192,6 +231,8 @@ export interface Served {
   admin: Server;
   /** Its base URL, e.g. `http://127.0.0.1:43121` (also in `DATA/admin.url` when the relay has a data directory). */
   adminUrl: string;
+  /** The public listener's base URL (`https://` when it serves TLS). */
+  url: string;
   /** Stops both listeners (/readyz answers 503 from the start), then the relay. */
   close(): Promise<void>;
 }
@@ -199,6 +240,8 @@ export interface Served {
 /**
  * Serves a relay (on this thread, or a relay thread) over HTTP, WebSocket and relay RPC on
  * one port, and its admin listener on another (`admin`, else the relay's `adminListen`,
- * else `127.0.0.1:0`).
+ * else `127.0.0.1:0`). The limits and the TLS certificate come from these options, else from
+ * those the relay was made with, else the defaults. Every server, socket and WebSocket has its
+ * errors caught; a protocol error on a WebSocket closes that one (1002, 1007, 1009).
  */
-export function serve(relay: Relay | RelayThread, listen?: { host?: string; port?: number; admin?: string }): Promise<Served>;
+export function serve(relay: Relay | RelayThread, listen?: { host?: string; port?: number; admin?: string } & ServeOptions): Promise<Served>;
