@@ -50,6 +50,23 @@ export function secret(file, len) {
   return b;
 }
 
+/**
+ * Warns about a data directory or secret that others can read (made by an older relay, or by
+ * hand): new ones are made 0700 and 0600, existing ones are left as they are.
+ * @param {string} data @param {Log} log
+ */
+function warnOpen(data, log) {
+  for (const [name, max] of [['.', 0o700], ['relay.key', 0o600], ['admin.token', 0o600], ['relay.sqlite', 0o600]]) {
+    const file = path.join(data, name);
+    try {
+      const mode = fs.statSync(file).mode & 0o777;
+      if (mode & ~max & 0o077) log.warn(`${name === '.' ? data : file} is open to others (mode ${mode.toString(8)}); chmod ${max.toString(8)} it`);
+    } catch {
+      // not there (memory storage): nothing to say
+    }
+  }
+}
+
 /** Largest answer read from a peer. */
 const MAX_ANSWER = 1 << 20;
 /** Errors thrown by a peer exchange that prove the request never left. */
@@ -435,6 +452,7 @@ export async function createRelay(opts) {
     throw new Error(messageOf(e), { cause: e });
   }
   if ('onCommit' in storage) storage.onCommit = (size, seconds) => metrics.commit(size, seconds);
+  if (opts.data) warnOpen(opts.data, log);
   const maxRequestBytes = JSON.parse(core.wellKnown()).policies?.max_request_bytes ?? 262144;
   const attemptTimeout = opts.engine?.attempt_timeout;
   return new Relay(core, {

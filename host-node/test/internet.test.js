@@ -212,3 +212,19 @@ test('secrets on disk: a 0700 directory, 0600 files, made only when absent; a ba
   await fresh.close();
   fs.rmSync(parent, { recursive: true, force: true });
 });
+
+test('a data directory or secret open to others (made by an older relay) is reported at start, and left as it is', async () => {
+  const data = tmp('open');
+  const first = await createRelay({ relay: 'http://127.0.0.1:1', data });
+  await first.close();
+  fs.chmodSync(data, 0o755);
+  fs.chmodSync(path.join(data, 'relay.key'), 0o644);
+  const lines = [];
+  const again = await createRelay({ relay: 'http://127.0.0.1:1', data, log: new Log({ write: (l) => lines.push(l) }) });
+  await again.close();
+  assert.ok(lines.some((l) => /WARN .*relay\.key is open to others \(mode 644\); chmod 600 it/.test(l)), lines.join('\n'));
+  assert.ok(lines.some((l) => /WARN .* is open to others \(mode 755\); chmod 700 it/.test(l)), lines.join('\n'));
+  assert.ok(!lines.some((l) => /admin\.token/.test(l)));
+  assert.equal(fs.statSync(path.join(data, 'relay.key')).mode & 0o777, 0o644);
+  fs.rmSync(data, { recursive: true, force: true });
+});
