@@ -25,12 +25,35 @@ pub fn message(
     created_at: u64,
     m: &Msg,
 ) -> Object {
+    message_on(NET, rng, from, to, to_devices, text, created_at, m)
+}
+
+/// [`message`] with its envelope signed for `network`.
+#[allow(clippy::too_many_arguments)]
+pub fn message_on(
+    network: &str,
+    rng: &mut ChaCha20Rng,
+    from: Sender<'_>,
+    to: &AccountId,
+    to_devices: &[DeviceKey],
+    text: &str,
+    created_at: u64,
+    m: &Msg,
+) -> Object {
     let key = seal::message_key(rng);
     let mut body = seal::seal_body(rng, &key, text.as_bytes());
     body.insert("x-test", text);
     let id = m.message_id.clone().unwrap_or_else(|| random_id(rng));
     let signer = &from.devices[from.device];
-    let mut env = draft::envelope(NET, &id, &from.key.id(), &signer.id(), to, created_at, body);
+    let mut env = draft::envelope(
+        network,
+        &id,
+        &from.key.id(),
+        &signer.id(),
+        to,
+        created_at,
+        body,
+    );
     if let Some(t) = m.body_expires_at {
         env = env.set("body_expires_at", t);
     }

@@ -32,6 +32,28 @@ impl Default for Http {
 }
 
 impl Http {
+    /// An agent for relays started with `opts` (trusting their test CA when they serve TLS).
+    pub fn for_opts(opts: &super::host::Opts) -> Http {
+        Http {
+            agent: super::host::agent_for(opts, Duration::from_secs(30)),
+        }
+    }
+
+    /// GETs `url`: the status and the body's bytes.
+    pub fn get(&self, url: &str) -> (u16, Vec<u8>) {
+        let mut resp = self
+            .agent
+            .get(url)
+            .call()
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .body_mut()
+            .read_to_vec()
+            .unwrap_or_else(|e| panic!("GET {url}: reading the answer: {e}"));
+        (status, bytes)
+    }
+
     /// POSTs `body`; the status and the parsed answer (`Null` if not JSON).
     pub fn post(&self, url: &str, bearer: Option<&str>, body: &[u8]) -> (u16, Value) {
         let mut req = self
@@ -77,6 +99,8 @@ impl User {
 pub struct Client {
     pub http: Http,
     pub rng: ChaCha20Rng,
+    /// The network its objects are signed for (`dev` unless made `on` another).
+    pub net: String,
 }
 
 /// The `status` of a DeliveryStatus.
@@ -112,6 +136,17 @@ impl Client {
         Client {
             http: Http::default(),
             rng: ChaCha20Rng::seed_from_u64(seed),
+            net: NET.to_string(),
+        }
+    }
+
+    /// A client for relays started with `opts`: objects signed for their network, HTTP
+    /// trusting their test CA when they serve TLS.
+    pub fn on(seed: u64, opts: &super::host::Opts) -> Client {
+        Client {
+            http: Http::for_opts(opts),
+            rng: ChaCha20Rng::seed_from_u64(seed),
+            net: opts.network.clone().unwrap_or_else(|| NET.to_string()),
         }
     }
 
@@ -124,12 +159,39 @@ impl Client {
     }
 
     /// Signs the account's route at its current revision and home.
-    fn sign_route(u: &User) -> Object {
-        draft::route(NET, &u.key.id(), &u.relay, u.revision, now_ms()).sign(&u.key)
+    fn sign_route(&self, u: &User) -> Object {
+        draft::route(&self.net, &u.key.id(), &u.relay, u.revision, now_ms()).sign(&u.key)
     }
 
     fn certificate(&self, key: &AccountKey, device: &DeviceKey) -> Object {
-        draft::certificate(NET, key, device, &["send", "sync", "manage"], now_ms()).sign(key)
+        draft::certificate(
+            &self.net,
+            key,
+            device,
+            &["send", "sync", "manage"],
+            now_ms(),
+        )
+        .sign(key)
+    }
+
+    /// Keys, a certificate and a route naming `relay_id` (any URL: a relay that need not
+    /// exist), registered nowhere; `api` is where its client would talk.
+    pub fn stranger(&mut self, api: &str, relay_id: &str) -> User {
+        let key = AccountKey::generate(&mut self.rng);
+        let device = DeviceKey::generate(&mut self.rng);
+        let cert = self.certificate(&key, &device);
+        let mut u = User {
+            key,
+            devices: vec![device],
+            certs: vec![cert],
+            sessions: Vec::new(),
+            api: api.to_string(),
+            relay: relay_id.to_string(),
+            revision: 1,
+            route: Object::new(),
+        };
+        u.route = self.sign_route(&u);
+        u
     }
 
     /// Registers a new account with one device at `relay` and opens its session.
@@ -148,21 +210,7 @@ impl Client {
 
     /// Keys, a certificate and a route naming `relay`, registered nowhere.
     pub fn unregistered(&mut self, relay: &Relay) -> User {
-        let key = AccountKey::generate(&mut self.rng);
-        let device = DeviceKey::generate(&mut self.rng);
-        let cert = self.certificate(&key, &device);
-        let mut u = User {
-            key,
-            devices: vec![device],
-            certs: vec![cert],
-            sessions: Vec::new(),
-            api: relay.api(),
-            relay: relay.id(),
-            revision: 1,
-            route: Object::new(),
-        };
-        u.route = Client::sign_route(&u);
-        u
+        self.stranger(&relay.api(), &relay.id())
     }
 
     /// Adds a device (registered through device 0's session) with its own session.
@@ -183,7 +231,7 @@ impl Client {
     pub fn open_session(&mut self, u: &User, dev: usize) -> String {
         let nonce = random_id(&mut self.rng);
         let so = draft::session_open(
-            NET,
+            &self.net,
             &u.relay,
             &u.key.id(),
             &u.devices[dev].id(),
@@ -210,7 +258,7 @@ impl Client {
         u.revision += 1;
         u.api = relay.api();
         u.relay = relay.id();
-        u.route = Client::sign_route(u);
+        u.route = self.sign_route(u);
         let mut p = Object::new();
         p.insert("route", u.route.clone());
         p.insert("certificate", u.certs[0].clone());
@@ -231,7 +279,8 @@ impl Client {
             devices: &from.devices,
             device: 0,
         };
-        compose::message(
+        compose::message_on(
+            &self.net,
             &mut self.rng,
             sender,
             &to.key.id(),
@@ -246,7 +295,7 @@ impl Client {
     pub fn invite(&mut self, issuer: &User, ttl: u64) -> Object {
         let id = random_id(&mut self.rng);
         let now = now_ms();
-        draft::invite(NET, &id, &issuer.key.id(), now, now + ttl).sign(&issuer.key)
+        draft::invite(&self.net, &id, &issuer.key.id(), now, now + ttl).sign(&issuer.key)
     }
 
     /// message.send from device 0 of `from`.

@@ -3,8 +3,8 @@
 //! started, killed (SIGKILL) and restarted by the suite.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,17 @@ pub struct Opts {
     pub attempt_timeout: u64,
     /// The public relay id, when it differs from the listen address (a proxy in front).
     pub url: Option<String>,
+    /// `--network NAME` (the hosts' default, `dev`, when `None`).
+    pub network: Option<String>,
+    /// Further flags, passed as given (issue 18's limits: `--header-timeout 500`,
+    /// `--max-connections 20`, `--allow-private-peers`, ...).
+    pub flags: Vec<String>,
+    /// `--ca FILE`: an extra trusted root (PEM) for outbound https; with `tls`, the
+    /// harness's own clients trust it too.
+    pub ca: Option<PathBuf>,
+    /// `--tls-cert FILE --tls-key FILE`: serve HTTPS and WSS; clients reach the relay at
+    /// `https://127.0.0.1:PORT` (the certificate names 127.0.0.1), trusting `ca`.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for Opts {
@@ -54,6 +65,10 @@ impl Default for Opts {
             policies: vec![("retry_initial", 100), ("retry_max", 400)],
             attempt_timeout: 1500,
             url: None,
+            network: None,
+            flags: Vec::new(),
+            ca: None,
+            tls: None,
         }
     }
 }
@@ -65,6 +80,48 @@ impl Opts {
         self.policies.push((name, value));
         self
     }
+
+    /// Adds `--name value` (or a bare `--name` when `value` is empty).
+    pub fn flag(mut self, name: &str, value: impl ToString) -> Opts {
+        self.flags.push(format!("--{name}"));
+        let v = value.to_string();
+        if !v.is_empty() {
+            self.flags.push(v);
+        }
+        self
+    }
+}
+
+/// The harness's HTTP agent for a relay started with `opts`: plain, or trusting
+/// `opts.ca` when the relay serves TLS.
+pub fn agent_for(opts: &Opts, timeout: Duration) -> ureq::Agent {
+    let mut b = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(timeout));
+    if opts.tls.is_some() {
+        let ca = opts
+            .ca
+            .as_deref()
+            .expect("a TLS relay needs Opts::ca for its clients");
+        b = b.tls_config(tls_trusting(ca));
+    }
+    b.build().into()
+}
+
+/// ureq's TLS settings trusting only the PEM roots in `ca`.
+pub fn tls_trusting(ca: &Path) -> ureq::tls::TlsConfig {
+    let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("{}: {e}", ca.display()));
+    let roots: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+        .filter_map(|i| match i {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert!(!roots.is_empty(), "{}: no certificate", ca.display());
+    ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(roots)))
+        .build()
 }
 
 /// A relay process with its data directory; dropped, it is killed and its data removed.
@@ -108,15 +165,22 @@ fn fresh_dir(kind: Kind) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("data directory");
+    // As a relay creates its own (issue 18): its owner's only.
+    let _ = std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700));
     dir
 }
 
 impl Relay {
     /// Starts a relay of `kind` and waits until it answers `/.well-known/relay`.
     pub fn start(kind: Kind, opts: Opts) -> Relay {
+        Relay::start_at(kind, free_port(), opts)
+    }
+
+    /// [`Relay::start`] on a port chosen by the caller (whose relay id names it).
+    pub fn start_at(kind: Kind, port: u16, opts: Opts) -> Relay {
         let mut r = Relay {
             kind,
-            port: free_port(),
+            port,
             data: fresh_dir(kind),
             opts,
             child: None,
@@ -127,7 +191,23 @@ impl Relay {
 
     /// Where clients reach it (always direct, never through a proxy).
     pub fn api(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        if self.opts.tls.is_some() {
+            format!("https://127.0.0.1:{}", self.port)
+        } else {
+            format!("http://127.0.0.1:{}", self.port)
+        }
+    }
+
+    /// The process id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process has exited (its status), without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Its relay id (the proxy in front of it, if any).
@@ -189,6 +269,16 @@ impl Relay {
         for (k, v) in &self.opts.policies {
             c.arg("--policy").arg(format!("{k}={v}"));
         }
+        if let Some(n) = &self.opts.network {
+            c.arg("--network").arg(n);
+        }
+        if let Some(ca) = &self.opts.ca {
+            c.arg("--ca").arg(ca);
+        }
+        if let Some((cert, key)) = &self.opts.tls {
+            c.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+        }
+        c.args(&self.opts.flags);
         c.env("RELAY_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -207,13 +297,14 @@ impl Relay {
     fn wait_up(&mut self) {
         let started = Instant::now();
         let url = format!("{}/.well-known/relay", self.api());
+        let agent = agent_for(&self.opts, Duration::from_secs(5));
         while started.elapsed() < Duration::from_secs(60) {
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
                     panic!("the {} relay exited at start: {status}", self.kind.name());
                 }
             }
-            if let Ok(r) = ureq::get(&url).call() {
+            if let Ok(r) = agent.get(&url).header("connection", "close").call() {
                 if r.status() == 200 {
                     return;
                 }
@@ -239,6 +330,41 @@ impl Relay {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+    }
+
+    /// Starts it (again, on the same port and data) expecting the start to fail: waits up
+    /// to `within` for the process to exit and gives its status and what it wrote to
+    /// stderr. Panics if it is still running then (it is killed first) or came up.
+    pub fn start_expecting_failure(&mut self, within: Duration) -> (ExitStatus, String) {
+        self.kill();
+        let mut cmd = self.command();
+        cmd.stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| {
+            panic!("starting the {} relay: {e}", self.kind.name());
+        });
+        let mut stderr = child.stderr.take().expect("stderr");
+        let reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+            s
+        });
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let text = reader.join().unwrap_or_default();
+                return (status, text);
+            }
+            if started.elapsed() > within {
+                let _ = child.kill();
+                let _ = child.wait();
+                let text = reader.join().unwrap_or_default();
+                panic!(
+                    "the {} relay was still running {within:?} after a start that had to fail; stderr:\n{text}",
+                    self.kind.name()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Whether the process is running.
