@@ -437,14 +437,15 @@ impl RelayCore {
             .map_err(|e| JsValue::from_str(&e.to_string()))
     }
 
-    /// When the engine next wants a tick (ms), or -1.
+    /// When the engine next wants a tick (ms), -1 for never, or -2 when the storage could not
+    /// say (the host then ticks again soon, so no timer is lost).
     #[wasm_bindgen(js_name = nextWake)]
     pub fn next_wake(&mut self) -> f64 {
-        self.engine
-            .next_wake()
-            .ok()
-            .flatten()
-            .map_or(-1.0, |t| t as f64)
+        match self.engine.next_wake() {
+            Ok(Some(t)) => t as f64,
+            Ok(None) => -1.0,
+            Err(_) => -2.0,
+        }
     }
 
     /// The session's holder as JSON `{account, device_id, expires_at}`; throws the error reply JSON.

@@ -92,6 +92,8 @@ export class Core {
     this.committing = true;
     /** Called with the fresh instance's next wake-up (ms, or -1) after each recovery from a trap. */
     this.onRecover = null;
+    /** Called after a group commit failed: the relay ticks again soon, so no timer is lost. */
+    this.onCommitFailed = null;
     /** Answers of the open commit group, released after its flush: `[reply, resolve]`. */
     this.group = null;
   }
@@ -130,6 +132,7 @@ export class Core {
       durable = false;
       this.committing = false;
       this.log.error(`group commit of ${group.length} calls failed: ${messageOf(e)}`);
+      this.onCommitFailed?.();
     }
     for (const [reply, resolve] of group) resolve(durable ? reply : JSON.parse(INTERNAL));
   }

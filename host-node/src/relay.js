@@ -121,6 +121,8 @@ export class Relay extends EventEmitter {
     // The host gives up at two thirds of the core's attempt timeout, so its verdict arrives first.
     this.responseTimeout = Math.min(RESPONSE_TIMEOUT_MS, Math.max(1, Math.floor(((info.attemptTimeout ?? 30000) * 2) / 3)));
     this.timer = null;
+    /** The wait before a tick retried after a storage failure (ms; 0 while none failed). */
+    this.retryDelay = 0;
     this.wakeAt = -1;
     this.closed = false;
     this.inflight = new Set();
@@ -149,6 +151,7 @@ export class Relay extends EventEmitter {
     });
     // After a trap, whatever call it was, the fresh instance's next wake-up is armed.
     core.onRecover = (at) => this.#schedule(at);
+    core.onCommitFailed = () => this.#retrySoon();
     this.#schedule(core.nextWake());
   }
 
@@ -205,6 +208,7 @@ export class Relay extends EventEmitter {
   }
 
   #schedule(at) {
+    if (at === -2) return this.#retrySoon();
     if (this.closed || at < 0) return;
     if (this.timer && this.wakeAt <= at && this.wakeAt >= Date.now()) return;
     clearTimeout(this.timer);
@@ -222,9 +226,23 @@ export class Relay extends EventEmitter {
     for (const q of t.quarantined ?? []) {
       this.log.warn('tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it)', { entry: q.entry, code: q.code, error: q.message });
     }
-    if (t.error) this.log.warn(`tick could not commit: ${t.error}; it runs again`);
     this.#run(t.effects);
+    if (t.error) {
+      this.log.warn(`tick could not commit: ${t.error}; it runs again`);
+      this.#retrySoon();
+      return;
+    }
+    this.retryDelay = 0;
     this.#schedule(this.core.nextWake());
+  }
+
+  /**
+   * A tick soon, after a failed commit or an unreadable next wake-up (storage busy): from
+   * 100 ms, doubling to 10 s while failures last, so no timer is lost and none spins.
+   */
+  #retrySoon() {
+    this.retryDelay = Math.min(Math.max((this.retryDelay ?? 0) * 2, 100), 10_000);
+    this.#schedule(Date.now() + this.retryDelay);
   }
 
   /**

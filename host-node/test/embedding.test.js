@@ -173,3 +173,50 @@ test('recovery from a trap drops the trapped instance: its glue and wasm memory 
   assert.deepEqual(texts(bob), ['kept']);
   await relay.close();
 });
+
+test('a tick whose storage is busy, and a next wake-up that cannot be read, leave a timer armed', async () => {
+  const inner = new MemoryStorage();
+  let busyScans = 0;
+  let busyMet = 0;
+  const busy = {
+    get: (k) => inner.get(k),
+    scan: (s, e, l) => {
+      if (busyScans > 0) {
+        busyScans -= 1;
+        busyMet += 1;
+        throw new Error('SQLITE_BUSY');
+      }
+      return inner.scan(s, e, l);
+    },
+    commit: (w) => inner.commit(w),
+  };
+  const relay = await createRelay({ relay: 'http://127.0.0.1:1', storage: busy, policies: { retry_initial: 50, retry_max: 100 } });
+  const alice = register(relay);
+  const bob = new Identity();
+  const far = { id: bob, cert: bob.certificate(NET, 'send,sync,manage', Date.now() - 1000) };
+  const pub = relay.call({ kind: 'anonymous' }, 'route.publish', `{"route":${bob.route(NET, 'http://127.0.0.1:9', 1, Date.now())}}`);
+  assert.equal(pub.status, 200, JSON.stringify(pub.body));
+  let attempts = 0;
+  const exchange = relay.exchange.bind(relay);
+  relay.exchange = (...a) => {
+    attempts += 1;
+    return exchange(...a);
+  };
+  const sent = relay.call(as(alice), 'message.send', message(alice, far, 'retried'));
+  assert.equal(sent.body.status, 'delivering', JSON.stringify(sent.body));
+  await eventually(() => attempts >= 1);
+  // The next tick's read and the next-wake read after it both meet a busy store.
+  const tick = relay.core.tick.bind(relay.core);
+  let armed = true;
+  relay.core.tick = (now) => {
+    if (armed) {
+      armed = false;
+      busyScans = 2;
+    }
+    return tick(now);
+  };
+  await eventually(() => busyMet >= 2);
+  const after = attempts;
+  await eventually(() => attempts >= after + 2, 5000);
+  await relay.close();
+});
