@@ -31,11 +31,26 @@ pub struct HostState {
     pre: Option<Arc<Preverify>>,
     /// The session token of the message.send in progress (what `pre` learns keys for).
     sending: Option<String>,
+    /// Storage calls that failed (a call that saw one cannot be trusted to have read
+    /// everything: `Core::next_wake` reports it as failed).
+    storage_errors: u64,
+    /// Faults on request (tests): `trap_ticks`.
+    faults: Option<Arc<crate::store::Faults>>,
+}
+
+impl HostState {
+    fn counted<T>(&mut self, r: Result<T, StorageError>) -> Result<T, String> {
+        r.map_err(|e| {
+            self.storage_errors += 1;
+            e.0
+        })
+    }
 }
 
 impl host::Host for HostState {
     fn storage_get(&mut self, key: Vec<u8>) -> Result<Option<Vec<u8>>, String> {
-        self.store.get(&key).map_err(|e| e.0)
+        let r = self.store.get(&key);
+        self.counted(r)
     }
     fn storage_scan(
         &mut self,
@@ -43,19 +58,18 @@ impl host::Host for HostState {
         end: Vec<u8>,
         limit: u32,
     ) -> Result<Vec<host::Entry>, String> {
-        self.store
-            .scan(&start, &end, limit as usize)
-            .map(|rows| {
-                rows.into_iter()
-                    .map(|(key, value)| host::Entry { key, value })
-                    .collect()
-            })
-            .map_err(|e| e.0)
+        let r = self.store.scan(&start, &end, limit as usize).map(|rows| {
+            rows.into_iter()
+                .map(|(key, value)| host::Entry { key, value })
+                .collect()
+        });
+        self.counted(r)
     }
     fn storage_commit(&mut self, writes: Vec<host::Write>) -> Result<(), String> {
-        self.store
-            .commit(writes.into_iter().map(|w| (w.key, w.value)).collect())
-            .map_err(|e| e.0)
+        let r = self
+            .store
+            .commit(writes.into_iter().map(|w| (w.key, w.value)).collect());
+        self.counted(r)
     }
     fn log(&mut self, level: host::Level, message: String) {
         match level {
@@ -155,6 +169,8 @@ pub struct Core {
     pub fuel_spent: u64,
     /// Signatures verified ahead of the core thread, if the host offers them.
     pre: Option<Arc<Preverify>>,
+    /// Faults on request (tests).
+    faults: Option<Arc<crate::store::Faults>>,
 }
 
 /// The wasmtime engine the relay runs: epochs bound every call (`EPOCHS_PER_CALL`).
@@ -208,6 +224,8 @@ fn instantiate(
             own_sha256,
             pre: None,
             sending: None,
+            storage_errors: 0,
+            faults: None,
         },
     );
     s.limiter(|h| &mut h.limits);
@@ -267,6 +285,7 @@ impl Core {
             metered,
             fuel_spent: 0,
             pre: None,
+            faults: None,
         })
     }
 
@@ -320,6 +339,7 @@ impl Core {
         ) {
             Ok(mut live) => {
                 live.store.data_mut().pre = self.pre.clone();
+                live.store.data_mut().faults = self.faults.clone();
                 self.live = Some(live);
                 self.restarts += 1;
             }
@@ -371,6 +391,14 @@ impl Core {
         self.pre = pre;
     }
 
+    /// Faults on request (tests): storage faults are in the store; this adds traps.
+    pub fn set_faults(&mut self, faults: Option<Arc<crate::store::Faults>>) {
+        if let Some(live) = &mut self.live {
+            live.store.data_mut().faults = faults.clone();
+        }
+        self.faults = faults;
+    }
+
     /// Calls a protocol method for an in-process caller (no network address).
     pub fn call(&mut self, caller: &Caller, method: &str, params: &[u8], now: u64) -> Reply {
         self.call_from(caller, None, method, params, now)
@@ -402,26 +430,57 @@ impl Core {
         r
     }
 
-    /// Reports a delivery outcome.
+    /// Reports a delivery outcome; an error if the call trapped or the storage failed during
+    /// it (nothing of it was kept: the host may report it again).
     pub fn outcome(
         &mut self,
         task: &str,
         attempt: u32,
         outcome: &Outcome,
         now: u64,
-    ) -> Vec<Effect> {
-        self.guarded(|i, s| i.call_outcome(s, task, attempt, outcome, now))
-            .unwrap_or_default()
+    ) -> Result<Vec<Effect>, String> {
+        let before = self.storage_errors();
+        match self.guarded(|i, s| i.call_outcome(s, task, attempt, outcome, now)) {
+            None => Err("the core trapped".into()),
+            Some(_) if self.storage_errors() != before => Err("the storage failed".into()),
+            Some(e) => Ok(e),
+        }
     }
 
-    /// Runs what is due.
-    pub fn tick(&mut self, now: u64) -> Vec<Effect> {
-        self.guarded(|i, s| i.call_tick(s, now)).unwrap_or_default()
+    /// Runs what is due; `None` if the tick trapped.
+    pub fn tick(&mut self, now: u64) -> Option<Vec<Effect>> {
+        let trap = self
+            .faults
+            .as_ref()
+            .is_some_and(|f| f.trap_ticks.load(std::sync::atomic::Ordering::Relaxed));
+        self.guarded(|i, s| {
+            if trap {
+                // The deadline has passed before the tick starts: a real epoch trap.
+                s.set_epoch_deadline(0);
+            }
+            i.call_tick(s, now)
+        })
     }
 
-    /// When the core wants its next tick.
-    pub fn next_wake(&mut self) -> Option<u64> {
-        self.guarded(|i, s| i.call_next_wake(s)).flatten()
+    /// When the core wants its next tick; an error if the call trapped or a storage read
+    /// failed during it (the core then answers "none", which would be wrong).
+    pub fn next_wake(&mut self) -> Result<Option<u64>, String> {
+        let before = self.storage_errors();
+        let r = self.guarded(|i, s| i.call_next_wake(s));
+        match r {
+            None => Err("the core trapped".into()),
+            Some(_) if self.storage_errors() != before => {
+                Err("the storage could not be read".into())
+            }
+            Some(w) => Ok(w),
+        }
+    }
+
+    /// Storage calls that failed so far (this instance's).
+    fn storage_errors(&self) -> u64 {
+        self.live
+            .as_ref()
+            .map_or(0, |l| l.store.data().storage_errors)
     }
 
     /// The holder of a session token.
@@ -477,9 +536,9 @@ impl Core {
     /// Copies the SQLite database, as every committed group left it, to `path` (online
     /// backup over the relay's own connection); the bytes written. Only between groups.
     pub fn backup(&mut self, path: &Path) -> Result<u64, String> {
-        match self.storage().inner() {
+        match self.storage().inner().map(AnyStore::base) {
             Some(AnyStore::Sqlite(db)) => db.backup_to(path),
-            Some(AnyStore::Memory(_)) => {
+            Some(_) => {
                 Err("this relay keeps its data in memory: there is no database to back up".into())
             }
             None => Err("a commit group is open: a backup runs only between groups".into()),
@@ -631,7 +690,7 @@ mod tests {
         // Nothing enters a guest again: every call answers internal, and no trap is counted.
         assert_eq!(route_get(&mut core, &account), 500);
         assert!(core.well_known().is_empty());
-        assert!(core.tick(crate::now_ms()).is_empty());
+        assert!(core.tick(crate::now_ms()).is_none());
         assert_eq!(core.traps, 1);
         // The group still flushes to the real storage, never to a stand-in.
         core.flush_group()

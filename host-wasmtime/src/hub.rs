@@ -1,20 +1,63 @@
 //! Connected WebSockets by account and device: where notifications go and which sockets a revocation closes.
+//!
+//! Each socket's outbound queue is bounded (`--ws-send-queue`): a client that does not read
+//! lets it fill, and is then dropped ([`Outbox::push`] says so and wakes its socket's task).
 
+use prometheus_client::metrics::counter::Counter;
 use std::collections::HashMap;
-use std::sync::Mutex;
-use tokio::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, Notify};
 
 /// What a socket's writer task sends.
 #[derive(Debug)]
 pub enum Outgoing {
     Text(String),
+    Ping,
     Close(u16, String),
+}
+
+/// A socket's outbound queue, and the signal that drops the socket.
+#[derive(Clone)]
+pub struct Outbox {
+    tx: mpsc::Sender<Outgoing>,
+    /// Notified when the socket must be dropped (its client does not read).
+    pub kill: Arc<Notify>,
+    dropped: Counter,
+}
+
+impl Outbox {
+    /// A queue of `bound` messages; the receiver is the writer's.
+    pub fn new(bound: usize, dropped: Counter) -> (Outbox, mpsc::Receiver<Outgoing>) {
+        let (tx, rx) = mpsc::channel(bound.max(1));
+        (
+            Outbox {
+                tx,
+                kill: Arc::new(Notify::new()),
+                dropped,
+            },
+            rx,
+        )
+    }
+
+    /// Queues `m`; `false` when the socket is gone or its queue is full (then it is dropped).
+    pub fn push(&self, m: Outgoing) -> bool {
+        match self.tx.try_send(m) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::info!("websocket dropped: its client does not read (send queue full)");
+                self.dropped.inc();
+                self.kill.notify_one();
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
 }
 
 struct Conn {
     id: u64,
     device: String,
-    tx: mpsc::UnboundedSender<Outgoing>,
+    out: Outbox,
 }
 
 /// The registry of open sockets.
@@ -26,7 +69,7 @@ pub struct Hub {
 
 impl Hub {
     /// Registers a socket of `device` of `account`; returns its id.
-    pub fn add(&self, account: &str, device: &str, tx: mpsc::UnboundedSender<Outgoing>) -> u64 {
+    pub fn add(&self, account: &str, device: &str, out: Outbox) -> u64 {
         let id = {
             let mut n = self.next.lock().unwrap_or_else(|e| e.into_inner());
             *n += 1;
@@ -40,7 +83,7 @@ impl Hub {
             .push(Conn {
                 id,
                 device: device.to_string(),
-                tx,
+                out,
             });
         id
     }
@@ -68,7 +111,7 @@ impl Hub {
             .get(account)
         {
             for c in v {
-                let _ = c.tx.send(Outgoing::Text(frame.clone()));
+                c.out.push(Outgoing::Text(frame.clone()));
             }
         }
     }
@@ -82,7 +125,26 @@ impl Hub {
             .get(account)
         {
             for c in v.iter().filter(|c| c.device == device) {
-                let _ = c.tx.send(Outgoing::Close(4401, "device revoked".into()));
+                c.out.push(Outgoing::Close(4401, "device revoked".into()));
+            }
+        }
+    }
+
+    /// Closes every socket with 1001 (the relay is stopping).
+    pub fn close_all(&self) {
+        for v in self
+            .by_account
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            for c in v {
+                if !c
+                    .out
+                    .push(Outgoing::Close(1001, "the relay is stopping".into()))
+                {
+                    c.out.kill.notify_one();
+                }
             }
         }
     }

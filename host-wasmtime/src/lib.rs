@@ -15,6 +15,9 @@ pub mod preverify;
 mod server;
 pub mod settings;
 pub mod store;
+pub mod tls;
+
+pub use outbound::{refused_address, KeyLookup, Rules};
 
 use anyhow::Context;
 use guest::{Core, Effect, Reply};
@@ -22,6 +25,7 @@ use relay_core::engine::{Config, MemoryStore};
 use relay_core::wire::identity::RelayId;
 use settings::Settings;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use store::{AnyStore, SqliteStore};
@@ -90,6 +94,19 @@ impl<A: Uncommitted, B: Uncommitted> Uncommitted for (A, B) {
     }
 }
 
+/// A place among the requests in the core or waiting for it (`--max-pending`); the place is
+/// given back when the request and every job it queued for the core are done.
+#[derive(Clone)]
+pub struct Slot(#[allow(dead_code)] Arc<SlotPlace>);
+
+struct SlotPlace(Arc<AtomicUsize>);
+
+impl Drop for SlotPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A handle to the thread that owns the core.
 #[derive(Clone)]
 pub struct CoreHandle {
@@ -102,11 +119,22 @@ impl CoreHandle {
         &self,
         f: impl FnOnce(&mut Core) -> R + Send + 'static,
     ) -> R {
+        self.run_holding(None, f).await
+    }
+
+    /// As [`CoreHandle::run`], the job holding `slot` until its answer is released (a request
+    /// that went away still counts while its job waits for the core).
+    pub async fn run_holding<R: Uncommitted + Send + 'static>(
+        &self,
+        slot: Option<Slot>,
+        f: impl FnOnce(&mut Core) -> R + Send + 'static,
+    ) -> R {
         let (otx, orx) = oneshot::channel();
         let job = Job::Call(Box::new(move |core| {
             let r = f(core);
             Box::new(move |durable| {
                 let _ = otx.send(if durable { r } else { R::uncommitted() });
+                drop(slot);
             })
         }));
         if self.tx.send(job).is_err() {
@@ -138,6 +166,10 @@ pub struct App {
     pub relay: RelayId,
     pub network: String,
     pub max_request_bytes: usize,
+    /// The transports' limits.
+    pub limits: settings::Limits,
+    /// Requests in the core or waiting for it (at most `limits.max_pending`).
+    pending: Arc<AtomicUsize>,
     pub admin_token: String,
     /// The host's own metrics (the core counts the rest).
     pub metrics: Arc<ops::HostMetrics>,
@@ -155,6 +187,33 @@ pub struct App {
 }
 
 impl App {
+    /// A place for one more request in the core, or `None` when `--max-pending` are there
+    /// already (the request is then answered 503 unavailable, counted in `relay_busy_total`).
+    pub fn admit(&self) -> Option<Slot> {
+        let before = self.pending.fetch_add(1, Ordering::AcqRel);
+        if before as u64 >= self.limits.max_pending {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.metrics.busy.inc();
+            return None;
+        }
+        Some(Slot(Arc::new(SlotPlace(self.pending.clone()))))
+    }
+
+    /// Requests in the core or waiting for it now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Key fetches for relay requests started so far.
+    pub fn key_fetches(&self) -> u64 {
+        self.peers.key_fetches()
+    }
+
+    /// Closes every WebSocket (1001): the relay is stopping.
+    pub fn close_websockets(&self) {
+        self.hub.close_all();
+    }
+
     /// Executes a call's effects: outbound deliveries, timers, notifications, session ends.
     pub fn dispatch(self: &Arc<App>, effects: Vec<Effect>) {
         for e in effects {
@@ -163,11 +222,16 @@ impl App {
                     let app = self.clone();
                     tokio::spawn(async move { outbound::attempt(app, req).await });
                 }
+                // The earliest wins: effects of calls committed in one order may be
+                // dispatched in another, and a wake-up too early costs one idle tick (which
+                // reads the core's next wake-up afresh) while one too late delays work.
                 Effect::WakeAt(at) => {
-                    self.wake.send_if_modified(|w| {
-                        let changed = *w != Some(at);
-                        *w = Some(at);
-                        changed
+                    self.wake.send_if_modified(|w| match *w {
+                        Some(now) if now <= at => false,
+                        _ => {
+                            *w = Some(at);
+                            true
+                        }
                     });
                 }
                 Effect::Notify(n) => self.hub.notify(&n.account, n.latest_seq),
@@ -218,6 +282,19 @@ impl App {
         method: String,
         params: Vec<u8>,
     ) -> Reply {
+        self.call_holding(None, caller, origin, method, params)
+            .await
+    }
+
+    /// As [`App::call`], the job holding the request's `slot`.
+    pub async fn call_holding(
+        self: &Arc<App>,
+        slot: Option<Slot>,
+        caller: guest::Caller,
+        origin: Option<String>,
+        method: String,
+        params: Vec<u8>,
+    ) -> Reply {
         let logged = match method.as_str() {
             "message.send" if self.log_events => Some("message.send"),
             "message.deliver" if self.log_events => Some("message.deliver"),
@@ -225,7 +302,9 @@ impl App {
         };
         let mut reply = self
             .core
-            .run(move |c| c.call_from(&caller, origin.as_deref(), &method, &params, now_ms()))
+            .run_holding(slot, move |c| {
+                c.call_from(&caller, origin.as_deref(), &method, &params, now_ms())
+            })
             .await;
         if let (Some(m), 200) = (logged, reply.status) {
             App::log_accepted(m, &reply.body);
@@ -254,6 +333,7 @@ impl Running {
     /// Stops accepting, lets in-flight requests finish, and stops the core after its last commit.
     pub async fn stop(mut self) {
         self.app.health.set_stopping();
+        self.app.close_websockets();
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(true);
         }
@@ -271,12 +351,16 @@ impl Running {
 
 /// The base URL a local client reaches a listener bound at `addr` with.
 fn local_url(addr: SocketAddr) -> String {
+    local_url_scheme("http", addr)
+}
+
+fn local_url_scheme(scheme: &str, addr: SocketAddr) -> String {
     let ip = match addr.ip() {
         std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
         std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
         ip => ip,
     };
-    format!("http://{}", SocketAddr::new(ip, addr.port()))
+    format!("{scheme}://{}", SocketAddr::new(ip, addr.port()))
 }
 
 /// Writes `text` to `path` whole (a reader sees the old file or the new one), mode 0600.
@@ -297,21 +381,79 @@ fn write_whole(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn load_or_create_secret(path: &std::path::Path, len: usize) -> anyhow::Result<Vec<u8>> {
-    if let Ok(text) = std::fs::read_to_string(path) {
-        let bytes = relay_core::wire::base64url::decode(text.trim())
-            .with_context(|| format!("{} is not base64url", path.display()))?;
-        anyhow::ensure!(
-            bytes.len() == len,
-            "{} must hold {len} bytes",
-            path.display()
-        );
-        return Ok(bytes);
+/// A secret of `len` bytes kept in `path` (base64url): read when the file is there, made
+/// (mode 0600, never over an existing file) only when it is absent. Any other failure stops
+/// the start with a message naming the file: a relay never replaces its key or token
+/// because it could not read them.
+pub fn load_or_create_secret(path: &std::path::Path, len: usize) -> anyhow::Result<Vec<u8>> {
+    const FIX: &str = "fix it or move it away (a new one is made only when the file is absent)";
+    match std::fs::read(path) {
+        Ok(raw) => {
+            let text = std::str::from_utf8(&raw).unwrap_or("").trim();
+            match relay_core::wire::base64url::decode(text) {
+                Some(bytes) if bytes.len() == len && !text.is_empty() => Ok(bytes),
+                _ => anyhow::bail!(
+                    "{}: malformed: it must hold {len} bytes in base64url; {FIX}",
+                    path.display()
+                ),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::io::Write;
+            let mut b = vec![0u8; len];
+            getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("OS random source: {e}"))?;
+            let mut open = std::fs::OpenOptions::new();
+            open.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+            let mut f = open
+                .open(path)
+                .with_context(|| format!("{}: cannot create it", path.display()))?;
+            f.write_all(relay_core::wire::base64url::encode(&b).as_bytes())
+                .and_then(|()| f.sync_all())
+                .with_context(|| format!("{}: cannot write it", path.display()))?;
+            Ok(b)
+        }
+        Err(e) => anyhow::bail!("{}: cannot read it ({e}); {FIX}", path.display()),
     }
-    let mut b = vec![0u8; len];
-    getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("OS random source: {e}"))?;
-    std::fs::write(path, relay_core::wire::base64url::encode(&b))?;
-    Ok(b)
+}
+
+/// Warns about a data directory or secret that others can read (made by an older relay, or
+/// by hand): new ones are made 0700 and 0600, existing ones are left as they are.
+fn warn_open(dir: &std::path::Path) {
+    #[cfg(unix)]
+    for (name, max) in [
+        (".", 0o700),
+        ("relay.key", 0o600),
+        ("admin.token", 0o600),
+        ("relay.sqlite", 0o600),
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        let file = if name == "." {
+            dir.to_path_buf()
+        } else {
+            dir.join(name)
+        };
+        if let Ok(m) = std::fs::metadata(&file) {
+            let mode = m.permissions().mode() & 0o777;
+            if mode & !max & 0o077 != 0 {
+                tracing::warn!(
+                    "{} is open to others (mode {mode:o}); chmod {max:o} it",
+                    file.display()
+                );
+            }
+        }
+    }
+}
+
+/// Creates the data directory (and its parents) with mode 0700: it holds the relay's key.
+fn create_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
 }
 
 /// Starts a relay: loads the component, opens storage, binds the port, serves until stopped.
@@ -319,6 +461,12 @@ fn load_or_create_secret(path: &std::path::Path, len: usize) -> anyhow::Result<V
 /// If the core traps and no fresh instance can be made over the storage, the relay does not
 /// go on: it logs why and exits the process with status 70.
 pub async fn start(settings: Settings) -> anyhow::Result<Running> {
+    settings.check()?;
+    let acceptor = match (&settings.tls_cert, &settings.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    let client_tls = tls::client_config(&settings.ca)?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
@@ -328,10 +476,12 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         .with_context(|| format!("binding the admin listener {}", settings.admin_listen))?;
     let admin_addr = admin_listener.local_addr()?;
     let admin_url = local_url(admin_addr);
-    let url = settings
-        .url
-        .clone()
-        .unwrap_or_else(|| format!("http://{addr}"));
+    let url = settings.url.clone().unwrap_or_else(|| {
+        format!(
+            "{}://{addr}",
+            if acceptor.is_some() { "https" } else { "http" }
+        )
+    });
     let relay = RelayId::parse(&url).map_err(|e| anyhow::anyhow!("--url {url}: {e}"))?;
     let mut config = Config::new(relay.clone(), &settings.network);
     config.policies = settings.policies.clone();
@@ -343,7 +493,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     }
     let (seed, admin_token, store_path) = match &settings.data {
         Some(dir) => {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            create_data_dir(dir)?;
             let seed = load_or_create_secret(&dir.join("relay.key"), 32)?;
             let admin = load_or_create_secret(&dir.join("admin.token"), 24)?;
             (
@@ -382,6 +532,9 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     let metrics = Arc::new(ops::HostMetrics::default());
     let health = Arc::new(ops::Health::default());
     let (core_metrics, core_health) = (metrics.clone(), health.clone());
+    let faults = settings.faults.clone();
+    let (wake_tx, wake_rx) = watch::channel(None);
+    let core_wake = wake_tx.clone();
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
     std::thread::Builder::new()
@@ -393,6 +546,10 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
                     .map_err(|e| anyhow::anyhow!("{e}")),
                 None => Ok(AnyStore::Memory(MemoryStore::new())),
             };
+            let store = match &faults {
+                Some(f) => store.map(|s| AnyStore::Faulty(Box::new(s), f.clone())),
+                None => store,
+            };
             let core = store.and_then(|s| {
                 Core::load(&engine, &component, s, config_json, seed)
                     .map_err(|e| anyhow::anyhow!("loading {}: {e:#}", component.display()))
@@ -400,6 +557,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
             let mut core = match core {
                 Ok(mut c) => {
                     c.set_preverify(core_pre);
+                    c.set_faults(faults);
                     let _ = ready_tx.send(Ok(()));
                     c
                 }
@@ -426,6 +584,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
                             max_group,
                             &core_metrics,
                             &core_health,
+                            &core_wake,
                         );
                         if let Some(f) = alone {
                             f(&mut core);
@@ -450,24 +609,36 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
             }
         })?;
     ready_rx.recv().context("the core thread died")??;
+    if let Some(dir) = &settings.data {
+        warn_open(dir);
+    }
 
-    let (wake_tx, wake_rx) = watch::channel(None);
     let app = Arc::new(App {
         core: CoreHandle { tx },
         relay: relay.clone(),
         network: settings.network.clone(),
         max_request_bytes: settings.policies.max_request_bytes as usize,
+        limits: settings.limits,
+        pending: Arc::new(AtomicUsize::new(0)),
         admin_token,
         metrics,
         health,
         log_events: settings.log_format == settings::LogFormat::Json,
         hub: hub::Hub::default(),
         wake: wake_tx,
-        peers: outbound::Peers::for_attempts(config.attempt_timeout),
+        peers: outbound::Peers::for_attempts(
+            config.attempt_timeout,
+            outbound::Rules::on(&settings.network, settings.allow_private_peers),
+            client_tls,
+        ),
         core_calls: std::sync::atomic::AtomicU64::new(0),
         preverify: pre,
     });
-    let first = app.core.run(|c| c.next_wake()).await;
+    let first = match app.core.run(|c| Some(c.next_wake())).await {
+        Some(Ok(w)) => w,
+        // Unread: ask again shortly rather than never.
+        _ => Some(now_ms() + RETRY_FIRST_MS),
+    };
     app.wake.send_replace(first);
     tokio::spawn(timer(app.clone(), wake_rx));
 
@@ -483,28 +654,27 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut done = Vec::new();
-    for (listener, router, what) in [
-        (listener, server::router(app.clone()), "server"),
-        (
-            admin_listener,
-            server::admin_router(app.clone()),
-            "admin server",
-        ),
+    let public = net::Listen {
+        limits: settings.limits,
+        per_ip: true,
+        tls: acceptor,
+        metrics: app.metrics.clone(),
+    };
+    let admin = net::Listen {
+        per_ip: false,
+        tls: None,
+        ..public.clone()
+    };
+    for (listener, router, listen) in [
+        (listener, server::router(app.clone()), public),
+        (admin_listener, server::admin_router(app.clone()), admin),
     ] {
-        let listener = net::Counting::new(listener, app.metrics.open_connections.clone());
-        let mut stop = stop_rx.clone();
-        done.push(tokio::spawn(async move {
-            let serve = axum::serve(
-                listener,
-                router.into_make_service_with_connect_info::<net::PeerAddr>(),
-            )
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            });
-            if let Err(e) = serve.await {
-                tracing::error!("{what}: {e}");
-            }
-        }));
+        done.push(tokio::spawn(net::serve(
+            listener,
+            router,
+            listen,
+            stop_rx.clone(),
+        )));
     }
     tracing::info!(relay = %url, network = %settings.network, admin = %admin_url, "relay serving");
     Ok(Running {
@@ -534,6 +704,7 @@ fn run_group(
     max: usize,
     metrics: &ops::HostMetrics,
     health: &ops::Health,
+    wake: &watch::Sender<Option<u64>>,
 ) -> Option<Alone> {
     core.begin_group();
     let mut releases = vec![first(core)];
@@ -554,6 +725,16 @@ fn run_group(
         Ok(()) => true,
         Err(e) => {
             tracing::error!("group commit of {} calls failed: {e}", releases.len());
+            // Whatever the group did is undone, and what it would have scheduled is not
+            // known: the timer is armed to tick again shortly, whatever it held.
+            let retry = now_ms() + RETRY_FIRST_MS;
+            wake.send_if_modified(|w| match *w {
+                Some(at) if at <= retry => false,
+                _ => {
+                    *w = Some(retry);
+                    true
+                }
+            });
             false
         }
     };
@@ -568,8 +749,22 @@ fn run_group(
     alone
 }
 
+/// The first retry of the timer after a tick that trapped, a wake-up that could not be read
+/// or a group commit that failed (ms); each failure in a row doubles it, up to
+/// [`RETRY_MAX_MS`].
+pub const RETRY_FIRST_MS: u64 = 100;
+/// The longest wait between two retries of a failing tick (ms).
+pub const RETRY_MAX_MS: u64 = 10_000;
+
 /// Sleeps until the core's next wake-up, ticks it, and repeats.
+///
+/// The timer stays armed whatever fails: a tick that trapped, a group commit that failed or
+/// a next wake-up that could not be read is retried, first after [`RETRY_FIRST_MS`], then
+/// after twice as long each time in a row, up to [`RETRY_MAX_MS`] (never in a tight loop);
+/// the first tick that succeeds ends the backoff.
 async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
+    let mut backoff = 0u64;
+    let mut not_before = tokio::time::Instant::now();
     loop {
         let next = *wake.borrow_and_update();
         let sleep = async {
@@ -577,10 +772,9 @@ async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
                 Some(at) => {
                     let now = now_ms();
                     // A wake-up already due still waits a millisecond, so a stuck core cannot spin.
-                    tokio::time::sleep(std::time::Duration::from_millis(
-                        at.saturating_sub(now).max(1),
-                    ))
-                    .await;
+                    let due = tokio::time::Instant::now()
+                        + std::time::Duration::from_millis(at.saturating_sub(now).max(1));
+                    tokio::time::sleep_until(due.max(not_before)).await;
                 }
                 None => std::future::pending::<()>().await,
             }
@@ -588,13 +782,43 @@ async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
         tokio::select! {
             _ = sleep => {
                 let metrics = app.metrics.clone();
-                let (effects, next) = app.core.run(move |c| {
+                let ran = app.core.run(move |c| {
                     let started = std::time::Instant::now();
                     let e = c.tick(now_ms());
                     metrics.tick_duration.observe(started.elapsed().as_secs_f64());
-                    (e, c.next_wake())
+                    Some((e, c.next_wake()))
                 }).await;
-                app.wake.send_replace(next);
+                let (effects, next, failed) = match ran {
+                    None => (Vec::new(), None, Some("the tick's group commit failed".to_string())),
+                    Some((None, next)) => (Vec::new(), next.ok(), Some("the tick trapped".to_string())),
+                    Some((Some(e), Ok(next))) => (e, Some(next), None),
+                    Some((Some(e), Err(why))) => (e, None, Some(format!("the next wake-up could not be read: {why}"))),
+                };
+                let next = match failed {
+                    None => {
+                        backoff = 0;
+                        not_before = tokio::time::Instant::now();
+                        next.flatten()
+                    }
+                    Some(why) => {
+                        backoff = if backoff == 0 { RETRY_FIRST_MS } else { (backoff * 2).min(RETRY_MAX_MS) };
+                        tracing::warn!("timer: {why}; ticking again in {backoff} ms");
+                        not_before = tokio::time::Instant::now() + std::time::Duration::from_millis(backoff);
+                        let retry = now_ms() + backoff;
+                        // What the core asked for, if it could say; else (or later) the retry.
+                        Some(next.flatten().map_or(retry, |at| at.min(retry)))
+                    }
+                };
+                // What the core said after this tick stands, unless a wake-up was asked for
+                // meanwhile (another call's effects): then the earlier of the two.
+                let meanwhile = wake.has_changed().unwrap_or(false);
+                app.wake.send_modify(|w| {
+                    *w = match (meanwhile, *w, next) {
+                        (true, Some(a), Some(b)) => Some(a.min(b)),
+                        (true, Some(a), None) => Some(a),
+                        _ => next,
+                    }
+                });
                 app.dispatch(effects);
             }
             changed = wake.changed() => {
@@ -606,7 +830,7 @@ async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
     }
 }
 
-/// A small HTTP client for tools and tests (plain HTTP, no redirects).
+/// A small HTTP client for tools and tests (http or https, no redirects, any address).
 pub struct AdminClient(outbound::Peers);
 
 impl AdminClient {
@@ -647,4 +871,13 @@ impl AdminClient {
 /// A client for `relay admin` and tests.
 pub fn admin_client() -> AdminClient {
     AdminClient(outbound::Peers::new())
+}
+
+/// A client that trusts only the CA certificates in `pem` for https (tests of TLS).
+pub fn admin_client_trusting(pem: &[u8]) -> anyhow::Result<AdminClient> {
+    Ok(AdminClient(outbound::Peers::build(
+        Rules::OPEN,
+        tls::client_config_trusting(pem)?,
+        std::time::Duration::from_secs(20),
+    )))
 }

@@ -19,7 +19,7 @@ struct Cli {
 enum Command {
     /// Serve a relay (HTTP, WebSocket and relay RPC on one port; the admin API, metrics
     /// and health checks on the admin listener).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Operator tools against a running relay, through its admin listener.
     Admin(AdminArgs),
 }
@@ -100,6 +100,47 @@ struct ServeArgs {
     /// accepted message and per ended delivery (ids only).
     #[arg(long)]
     log_format: Option<LogFormat>,
+    /// Request line and headers within MS of the connection opening (or of the next
+    /// request's first byte), else the connection is closed [default: 10000].
+    #[arg(long, value_name = "MS")]
+    header_timeout: Option<u64>,
+    /// The whole request body within MS, else 408 and close [default: 30000].
+    #[arg(long, value_name = "MS")]
+    body_timeout: Option<u64>,
+    /// A keep-alive connection idle MS is closed [default: 60000].
+    #[arg(long, value_name = "MS")]
+    idle_timeout: Option<u64>,
+    /// Ping every WebSocket every MS; one that sent nothing (no pong) since the last ping
+    /// is closed [default: 30000].
+    #[arg(long, value_name = "MS")]
+    ws_ping_interval: Option<u64>,
+    /// Open TCP connections at most, per listener; more are closed at accept [default: 1000].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<u64>,
+    /// Open TCP connections per peer IP address at most (public listener) [default: 64].
+    #[arg(long, value_name = "N")]
+    max_connections_per_ip: Option<u64>,
+    /// Outbound messages queued per WebSocket; a client that does not read past it is
+    /// disconnected [default: 256].
+    #[arg(long, value_name = "N")]
+    ws_send_queue: Option<u64>,
+    /// Requests in the core or waiting for it at most; beyond it 503 unavailable with
+    /// Retry-After: 1 [default: 1024].
+    #[arg(long, value_name = "N")]
+    max_pending: Option<u64>,
+    /// Serve HTTPS and WSS with this certificate chain (PEM; with --tls-key).
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) trusted for outbound https beside the system's roots (repeatable).
+    #[arg(long, value_name = "FILE")]
+    ca: Vec<PathBuf>,
+    /// Off the dev network, connect to loopback, private, link-local, CGNAT and other
+    /// non-public peer addresses too (private deployments).
+    #[arg(long)]
+    allow_private_peers: bool,
 }
 
 fn settings(a: ServeArgs) -> anyhow::Result<Settings> {
@@ -143,6 +184,33 @@ fn settings(a: ServeArgs) -> anyhow::Result<Settings> {
     for p in &a.policies {
         s.apply_policy(p)?;
     }
+    for (name, v) in relay_host_wasmtime::settings::Limits::NAMES.iter().zip([
+        a.header_timeout,
+        a.body_timeout,
+        a.idle_timeout,
+        a.ws_ping_interval,
+        a.max_connections,
+        a.max_connections_per_ip,
+        a.ws_send_queue,
+        a.max_pending,
+    ]) {
+        if let Some(v) = v {
+            s.limits
+                .set(name, v)
+                .map_err(|e| anyhow::anyhow!("--{}: {e}", name.replace('_', "-")))?;
+        }
+    }
+    if a.tls_cert.is_some() {
+        s.tls_cert = a.tls_cert;
+    }
+    if a.tls_key.is_some() {
+        s.tls_key = a.tls_key;
+    }
+    s.ca.extend(a.ca);
+    if a.allow_private_peers {
+        s.allow_private_peers = true;
+    }
+    s.check()?;
     Ok(s)
 }
 
@@ -236,7 +304,7 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(a) => {
-            let settings = settings(a)?;
+            let settings = settings(*a)?;
             init_logs(settings.log_format);
             let running = relay_host_wasmtime::start(settings).await?;
             println!(

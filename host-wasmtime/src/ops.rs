@@ -50,6 +50,11 @@ struct OutcomeLabel {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabel {
+    cause: &'static str,
+}
+
 /// The host's own metrics (`relay_*`; the same names on the Node host).
 pub struct HostMetrics {
     registry: Registry,
@@ -68,6 +73,14 @@ pub struct HostMetrics {
     pub open_websockets: Gauge,
     /// How long the core took to run one tick.
     pub tick_duration: Histogram,
+    /// Connections closed at accept over `--max-connections`.
+    pub refused_limit: Counter,
+    /// Connections closed at accept over `--max-connections-per-ip`.
+    pub refused_per_ip: Counter,
+    /// Requests and WebSocket frames answered 503 because `--max-pending` were waiting.
+    pub busy: Counter,
+    /// WebSockets dropped because their client did not read (send queue full).
+    pub websockets_dropped: Counter,
 }
 
 /// Latency buckets from 0.5 ms to about 33 s (factor 2).
@@ -134,8 +147,36 @@ impl Default for HostMetrics {
             "How long the core took to run one tick (due attempts, timeouts, deadlines, expiry)",
             tick_duration.clone(),
         );
+        let refused = Family::<CauseLabel, Counter>::default();
+        let refused_limit = refused
+            .get_or_create(&CauseLabel { cause: "limit" })
+            .clone();
+        let refused_per_ip = refused
+            .get_or_create(&CauseLabel { cause: "per_ip" })
+            .clone();
+        registry.register(
+            "relay_connections_refused",
+            "Connections closed at accept: over --max-connections (limit) or --max-connections-per-ip (per_ip)",
+            refused,
+        );
+        let busy = Counter::default();
+        registry.register(
+            "relay_busy",
+            "Requests and WebSocket frames answered 503 unavailable because --max-pending were waiting for the core",
+            busy.clone(),
+        );
+        let websockets_dropped = Counter::default();
+        registry.register(
+            "relay_websockets_dropped",
+            "WebSockets dropped because their client did not read (over --ws-send-queue frames queued)",
+            websockets_dropped.clone(),
+        );
         HostMetrics {
             registry,
+            refused_limit,
+            refused_per_ip,
+            busy,
+            websockets_dropped,
             attempts,
             commit_group_size,
             commit_duration,

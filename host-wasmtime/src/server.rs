@@ -19,7 +19,6 @@ use relay_core::wire::json::{self, Object, Value};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 /// Methods other relays may call.
 const RELAY_METHODS: &[&str] = &[
@@ -121,10 +120,31 @@ fn error_response(code: relay_core::ErrorCode, message: &str) -> Response {
     )
 }
 
+/// The answer when `--max-pending` requests are in the core or waiting for it.
+pub const BUSY: &[u8] =
+    br#"{"error":{"code":"unavailable","data":{"retry_after":1000},"message":"the relay is busy; retry"}}"#;
+
+/// 503 unavailable, `Retry-After: 1`: the relay is busy.
+fn busy_response() -> Response {
+    reply_response(Reply {
+        status: 503,
+        body: BUSY.to_vec(),
+        effects: Vec::new(),
+    })
+}
+
+/// An answer given before the request was read whole: the connection closes after it
+/// (with a lingering close, `net`), the rest of the request unread.
+fn closing(mut r: Response) -> Response {
+    r.headers_mut()
+        .insert("connection", HeaderValue::from_static("close"));
+    r
+}
+
 fn reply_response(reply: Reply) -> Response {
     let mut r = json_response(reply.status, reply.body.clone());
-    if reply.status == 429 {
-        // Mirror data.retry_after (ms) as Retry-After (seconds, rounded up).
+    if reply.status == 429 || reply.status == 503 {
+        // Mirror data.retry_after (ms) as Retry-After (seconds, rounded up, at least 1).
         if let Some(ms) = json::parse(&reply.body)
             .ok()
             .and_then(|v| v.as_object().and_then(|o| o.get("error")).cloned())
@@ -135,7 +155,7 @@ fn reply_response(reply: Reply) -> Response {
                     .and_then(Value::as_protocol_int)
             })
         {
-            if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string()) {
+            if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).max(1).to_string()) {
                 r.headers_mut().insert("retry-after", v);
             }
         }
@@ -144,6 +164,10 @@ fn reply_response(reply: Reply) -> Response {
 }
 
 /// Reads a request body, refusing one over the limit before any of it is parsed; the bytes and their parse.
+///
+/// A declared length over `max_request_bytes`, or a count that passes it while reading
+/// (chunked too), is answered 413 at once, the rest unread; a body not read whole within
+/// `--body-timeout` is answered 408. Either closes the connection.
 async fn read_body(
     app: &App,
     headers: &HeaderMap,
@@ -151,10 +175,10 @@ async fn read_body(
 ) -> Result<(Vec<u8>, Object), Response> {
     let limit = app.max_request_bytes;
     let too_large = || {
-        error_response(
+        closing(error_response(
             relay_core::ErrorCode::PayloadTooLarge,
             &format!("request body exceeds max_request_bytes {limit}"),
-        )
+        ))
     };
     if let Some(len) = headers
         .get("content-length")
@@ -165,9 +189,31 @@ async fn read_body(
             return Err(too_large());
         }
     }
-    let bytes = match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(b) => b.to_bytes().to_vec(),
-        Err(_) => return Err(too_large()),
+    let within = std::time::Duration::from_millis(app.limits.body_timeout);
+    let read = tokio::time::timeout(within, http_body_util::Limited::new(body, limit).collect());
+    let bytes = match read.await {
+        Ok(Ok(b)) => b.to_bytes().to_vec(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
+        // The client went away or sent a broken body: nothing to answer it.
+        Ok(Err(e)) => {
+            return Err(closing(error_response(
+                relay_core::ErrorCode::InvalidParams,
+                &format!("the request body could not be read: {e}"),
+            )))
+        }
+        Err(_) => {
+            let e = relay_core::Error::new(
+                relay_core::ErrorCode::Unavailable,
+                format!(
+                    "the request body did not arrive within {} ms",
+                    app.limits.body_timeout
+                ),
+            );
+            return Err(closing(json_response(
+                408,
+                canonical::to_vec(&relay_core::engine::error_body(&e)),
+            )));
+        }
     };
     // The core's own strict parser, linked natively: garbage never costs a trip into the guest,
     // and the verdict is the one the guest would give.
@@ -218,12 +264,18 @@ async fn client_call(
     if method.starts_with("admin.") {
         return error_response(relay_core::ErrorCode::NotFound, "unknown method");
     }
+    let Some(slot) = app.admit() else {
+        return busy_response();
+    };
     if let (Some(pre), Caller::Session(t), "message.send") =
         (&app.preverify, &caller, method.as_str())
     {
         pre.send(t, &parsed);
     }
-    reply_response(app.call(caller, origin(peer), method, body).await)
+    reply_response(
+        app.call_holding(Some(slot), caller, origin(peer), method, body)
+            .await,
+    )
 }
 
 async fn admin_call(
@@ -316,11 +368,16 @@ async fn relay_call(
             "relay authentication headers are missing",
         );
     };
+    let Some(slot) = app.admit() else {
+        return busy_response();
+    };
     // to, method and ts first; only then the source's key.
     let (h2, m2, b2) = (h.clone(), method.clone(), body.clone());
     let source = match app
         .core
-        .run(move |c| c.check_request(&h2, &m2, &b2, now_ms()))
+        .run_holding(Some(slot.clone()), move |c| {
+            c.check_request(&h2, &m2, &b2, now_ms())
+        })
         .await
     {
         Ok(s) => s,
@@ -329,15 +386,36 @@ async fn relay_call(
     let Ok(source_id) = RelayId::parse(&source) else {
         return error_response(relay_core::ErrorCode::Unauthenticated, "bad Relay-Id");
     };
+    // The key within the limits of protocol.md §6: one fetch per claimed relay per 10 s,
+    // failures remembered 60 s, 8 in flight in all (beyond: 503).
     let mut verdict = None;
     for refresh in [false, true] {
-        let Some(key) = app.peers.key(&source_id, &app.network, refresh).await else {
-            continue;
+        let key = match app.peers.key(&source_id, &app.network, refresh).await {
+            crate::KeyLookup::Key(k) => k,
+            crate::KeyLookup::None => continue,
+            crate::KeyLookup::Busy => {
+                let e = relay_core::Error::new(
+                    relay_core::ErrorCode::Unavailable,
+                    "too many key fetches in flight; retry",
+                )
+                .with_data(Value::Object({
+                    let mut d = Object::new();
+                    d.insert("retry_after", 1000u64);
+                    d
+                }));
+                return reply_response(Reply {
+                    status: 503,
+                    body: canonical::to_vec(&relay_core::engine::error_body(&e)),
+                    effects: Vec::new(),
+                });
+            }
         };
         let (h2, m2, b2) = (h.clone(), method.clone(), body.clone());
         let r = app
             .core
-            .run(move |c| c.authenticate_request(&h2, &m2, &b2, now_ms(), &key))
+            .run_holding(Some(slot.clone()), move |c| {
+                c.authenticate_request(&h2, &m2, &b2, now_ms(), &key)
+            })
             .await;
         let retry = r.is_err() && !refresh;
         verdict = Some(r);
@@ -351,8 +429,14 @@ async fn relay_call(
                 pre.deliver(&parsed);
             }
             reply_response(
-                app.call(Caller::Relay(source), origin(peer), method, body)
-                    .await,
+                app.call_holding(
+                    Some(slot),
+                    Caller::Relay(source),
+                    origin(peer),
+                    method,
+                    body,
+                )
+                .await,
             )
         }
         Some(Err(r)) => reply_response(r),
@@ -364,7 +448,13 @@ async fn relay_call(
 }
 
 async fn well_known(State(app): State<Arc<App>>) -> Response {
-    json_response(200, app.core.run(|c| c.well_known()).await)
+    let Some(slot) = app.admit() else {
+        return busy_response();
+    };
+    json_response(
+        200,
+        app.core.run_holding(Some(slot), |c| c.well_known()).await,
+    )
 }
 
 async fn websocket(
@@ -380,13 +470,24 @@ async fn websocket(
             "a session is required",
         );
     };
+    let Some(slot) = app.admit() else {
+        return busy_response();
+    };
     let t = token.clone();
-    let info = match app.core.run(move |c| c.session(&t, now_ms())).await {
+    let info = match app
+        .core
+        .run_holding(Some(slot), move |c| c.session(&t, now_ms()))
+        .await
+    {
         Ok(i) => i,
         Err(r) => return reply_response(r),
     };
+    // Every message (and frame) at most max_request_bytes: a bigger one closes the socket
+    // with 1009 before it is read.
     let limit = app.max_request_bytes;
-    up.max_message_size(limit + 1024)
+    up.max_message_size(limit)
+        .max_frame_size(limit)
+        .on_failed_upgrade(|e| tracing::debug!("websocket upgrade failed: {e}"))
         .on_upgrade(move |socket| serve_socket(app, socket, token, info, origin(peer)))
         .into_response()
 }
@@ -420,6 +521,26 @@ fn answer_frame(id: Value, body: &[u8], ok: bool) -> String {
     canonical::to_string(&Value::Object(o))
 }
 
+/// The close code for an error read from a client's socket: 1009 for a message or frame
+/// over the limit, 1007 for text that is not UTF-8, 1002 for any other protocol error
+/// (reserved bits, an unmasked frame, a reserved opcode, ...); `None` when the connection
+/// itself is gone.
+fn close_code(e: axum::Error) -> Option<(u16, &'static str)> {
+    use tungstenite::Error as E;
+    let inner = e.into_inner();
+    match inner.downcast_ref::<E>()? {
+        E::Capacity(_) => Some((1009, "message too big")),
+        E::Utf8(_) => Some((1007, "invalid UTF-8")),
+        E::Protocol(tungstenite::error::ProtocolError::ResetWithoutClosingHandshake) => None,
+        E::Protocol(_) => Some((1002, "protocol error")),
+        _ => None,
+    }
+}
+
+/// Serves one WebSocket: frames are answered in the order they came, one at a time; the
+/// answers, notifications and pings go out through a queue of `--ws-send-queue` messages
+/// (a client that lets it fill is dropped); a ping every `--ws-ping-interval`, and a socket
+/// from which nothing came since the last one is closed.
 async fn serve_socket(
     app: Arc<App>,
     socket: WebSocket,
@@ -427,6 +548,7 @@ async fn serve_socket(
     info: crate::guest::SessionInfo,
     origin: Option<String>,
 ) {
+    use crate::hub::Outbox;
     use futures_util::{SinkExt, StreamExt};
     /// Takes the socket off `relay_open_websockets` however the task ends.
     struct Open(prometheus_client::metrics::gauge::Gauge);
@@ -438,82 +560,134 @@ async fn serve_socket(
     app.metrics.open_websockets.inc();
     let _open = Open(app.metrics.open_websockets.clone());
     let (mut sink, mut stream) = socket.split();
-    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let conn = app.hub.add(&info.account, &info.device_id, tx.clone());
-    let expiry = tx.clone();
-    let expires_in = info.expires_at.saturating_sub(now_ms());
-    let timer = tokio::spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_millis(expires_in)).await;
-        let _ = expiry.send(Outgoing::Close(4401, "session expired".into()));
-    });
-    let writer = tokio::spawn(async move {
+    let (out, mut rx) = Outbox::new(
+        app.limits.ws_send_queue as usize,
+        app.metrics.websockets_dropped.clone(),
+    );
+    let conn = app.hub.add(&info.account, &info.device_id, out.clone());
+    let expiry = tokio::time::sleep(std::time::Duration::from_millis(
+        info.expires_at.saturating_sub(now_ms()),
+    ));
+    tokio::pin!(expiry);
+    let mut writer = tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
-            match m {
-                Outgoing::Text(t) => {
-                    if sink.send(Message::Text(t.into())).await.is_err() {
-                        break;
-                    }
-                }
-                Outgoing::Close(code, reason) => {
-                    let _ = sink
-                        .send(Message::Close(Some(CloseFrame {
-                            code,
-                            reason: reason.into(),
-                        })))
-                        .await;
-                    break;
-                }
+            let (msg, last) = match m {
+                Outgoing::Text(t) => (Message::Text(t.into()), false),
+                Outgoing::Ping => (Message::Ping(Default::default()), false),
+                Outgoing::Close(code, reason) => (
+                    Message::Close(Some(CloseFrame {
+                        code,
+                        reason: reason.into(),
+                    })),
+                    true,
+                ),
+            };
+            if sink.send(msg).await.is_err() || last {
+                break;
             }
         }
     });
-    while let Some(Ok(msg)) = stream.next().await {
+    let every = std::time::Duration::from_millis(app.limits.ws_ping_interval);
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut alive = true;
+    // Whether the socket ends with a close frame (waited for briefly) or is dropped at once.
+    let mut closed_cleanly = false;
+    loop {
+        let msg = tokio::select! {
+            _ = out.kill.notified() => break,
+            _ = &mut expiry => {
+                closed_cleanly = out.push(Outgoing::Close(4401, "session expired".into()));
+                break;
+            }
+            _ = ping.tick() => {
+                if !alive {
+                    tracing::debug!("websocket closed: nothing came since the last ping");
+                    break;
+                }
+                alive = false;
+                if !out.push(Outgoing::Ping) {
+                    break;
+                }
+                continue;
+            }
+            msg = stream.next() => msg,
+        };
+        let msg = match msg {
+            None => break,
+            Some(Err(e)) => {
+                if let Some((code, reason)) = close_code(e) {
+                    tracing::debug!("websocket closed with {code}: {reason}");
+                    closed_cleanly = out.push(Outgoing::Close(code, reason.into()));
+                }
+                break;
+            }
+            Some(Ok(m)) => m,
+        };
+        alive = true;
         let text = match msg {
             Message::Text(t) => t.as_str().to_string(),
-            Message::Close(_) => break,
+            Message::Close(_) => {
+                // Sends the close frame tungstenite queued in answer.
+                closed_cleanly = out.push(Outgoing::Close(1000, String::new()));
+                break;
+            }
             _ => continue,
         };
-        if text.len() > app.max_request_bytes {
-            let e = relay_core::Error::new(
-                relay_core::ErrorCode::PayloadTooLarge,
-                "frame exceeds max_request_bytes",
-            );
-            let body = canonical::to_vec(&relay_core::engine::error_body(&e));
-            let _ = tx.send(Outgoing::Text(answer_frame(Value::Null, &body, false)));
-            continue;
-        }
         let frame = match parse_frame(&text) {
             Ok(f) => f,
             Err((id, e)) => {
                 let body = canonical::to_vec(&relay_core::engine::error_body(&e));
-                let _ = tx.send(Outgoing::Text(answer_frame(id, &body, false)));
+                if !out.push(Outgoing::Text(answer_frame(id, &body, false))) {
+                    break;
+                }
                 continue;
             }
         };
         let (id, method, params) = frame;
+        let Some(slot) = app.admit() else {
+            if !out.push(Outgoing::Text(answer_frame(id, BUSY, false))) {
+                break;
+            }
+            continue;
+        };
         if let (Some(pre), "message.send") = (&app.preverify, method.as_str()) {
             if let Ok(p) = json::parse_object(&params) {
                 pre.send(&token, &p);
             }
         }
         let reply = app
-            .call(
+            .call_holding(
+                Some(slot),
                 Caller::Session(token.clone()),
                 origin.clone(),
                 method,
                 params,
             )
             .await;
-        let _ = tx.send(Outgoing::Text(answer_frame(
+        if !out.push(Outgoing::Text(answer_frame(
             id,
             &reply.body,
             reply.status == 200,
-        )));
+        ))) {
+            break;
+        }
         if reply.status == 401 {
-            let _ = tx.send(Outgoing::Close(4401, "session ended".into()));
+            closed_cleanly = out.push(Outgoing::Close(4401, "session ended".into()));
+            break;
         }
     }
-    timer.abort();
     app.hub.remove(&info.account, conn);
-    drop(tx);
-    let _ = writer.await;
+    drop(out);
+    if closed_cleanly {
+        // The close frame goes out (briefly waited for); then the connection closes.
+        if tokio::time::timeout(std::time::Duration::from_secs(1), &mut writer)
+            .await
+            .is_err()
+        {
+            writer.abort();
+        }
+    } else {
+        writer.abort();
+    }
 }

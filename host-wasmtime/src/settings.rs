@@ -28,6 +28,77 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
+/// The transport limits of README "Facing the internet" (docs/protocol.md §6), each a flag
+/// (`--header-timeout MS`, ...) and a TOML key of the same name with `_`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Request line and headers within this (ms) of the connection opening or the first byte
+    /// of the next request, else the connection is closed.
+    pub header_timeout: u64,
+    /// The whole body within this (ms) once a handler reads it, else 408 and close.
+    pub body_timeout: u64,
+    /// A keep-alive connection idle this long (ms) is closed.
+    pub idle_timeout: u64,
+    /// Every WebSocket is pinged this often (ms); one that sent nothing since the last ping is closed.
+    pub ws_ping_interval: u64,
+    /// Open TCP connections at most (each listener); more are closed at accept.
+    pub max_connections: u64,
+    /// Open TCP connections per peer IP address at most (public listener); same treatment.
+    pub max_connections_per_ip: u64,
+    /// Outbound messages queued per WebSocket at most; a client that lets more pile up is dropped.
+    pub ws_send_queue: u64,
+    /// Requests (and WebSocket frames) in the core or waiting for it at most; beyond it 503
+    /// `unavailable` with `Retry-After: 1`.
+    pub max_pending: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            header_timeout: 10_000,
+            body_timeout: 30_000,
+            idle_timeout: 60_000,
+            ws_ping_interval: 30_000,
+            max_connections: 1000,
+            max_connections_per_ip: 64,
+            ws_send_queue: 256,
+            max_pending: 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// Every limit's name (as a TOML key; the flag is `--` and the name with `-`).
+    pub const NAMES: [&'static str; 8] = [
+        "header_timeout",
+        "body_timeout",
+        "idle_timeout",
+        "ws_ping_interval",
+        "max_connections",
+        "max_connections_per_ip",
+        "ws_send_queue",
+        "max_pending",
+    ];
+
+    /// Sets the limit named `name` (a TOML key) to `v`, a positive integer.
+    pub fn set(&mut self, name: &str, v: u64) -> anyhow::Result<()> {
+        anyhow::ensure!(v >= 1, "{name} must be a positive integer, not {v}");
+        let slot = match name {
+            "header_timeout" => &mut self.header_timeout,
+            "body_timeout" => &mut self.body_timeout,
+            "idle_timeout" => &mut self.idle_timeout,
+            "ws_ping_interval" => &mut self.ws_ping_interval,
+            "max_connections" => &mut self.max_connections,
+            "max_connections_per_ip" => &mut self.max_connections_per_ip,
+            "ws_send_queue" => &mut self.ws_send_queue,
+            "max_pending" => &mut self.max_pending,
+            _ => anyhow::bail!("no limit named {name}"),
+        };
+        *slot = v;
+        Ok(())
+    }
+}
+
 /// Everything needed to start a relay.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -47,6 +118,19 @@ pub struct Settings {
     /// Engine tunables.
     pub attempt_timeout: Option<u64>,
     pub max_in_flight_per_destination: Option<u32>,
+    /// Timeouts, connection caps and queue bounds of the transports.
+    pub limits: Limits,
+    /// Serve HTTPS and WSS on the public listener with this certificate chain (PEM) ...
+    pub tls_cert: Option<PathBuf>,
+    /// ... and its private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM files) trusted for outbound https beside the system's roots.
+    pub ca: Vec<PathBuf>,
+    /// Off `dev`, connect to loopback, private, link-local and other non-public peer addresses too.
+    pub allow_private_peers: bool,
+    /// Storage faults and traps on request (tests of the timer's recovery).
+    #[doc(hidden)]
+    pub faults: Option<std::sync::Arc<crate::store::Faults>>,
 }
 
 impl Default for Settings {
@@ -62,6 +146,12 @@ impl Default for Settings {
             component: None,
             attempt_timeout: None,
             max_in_flight_per_destination: None,
+            limits: Limits::default(),
+            tls_cert: None,
+            tls_key: None,
+            ca: Vec::new(),
+            allow_private_peers: false,
+            faults: None,
         }
     }
 }
@@ -80,8 +170,29 @@ pub struct FileSettings {
     pub memory: Option<bool>,
     /// How long an outbound delivery attempt may take before its outcome is unknown (ms).
     pub attempt_timeout: Option<u64>,
+    pub header_timeout: Option<u64>,
+    pub body_timeout: Option<u64>,
+    pub idle_timeout: Option<u64>,
+    pub ws_ping_interval: Option<u64>,
+    pub max_connections: Option<u64>,
+    pub max_connections_per_ip: Option<u64>,
+    pub ws_send_queue: Option<u64>,
+    pub max_pending: Option<u64>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+    /// One PEM file or a list of them.
+    pub ca: Option<OneOrMany>,
+    pub allow_private_peers: Option<bool>,
     #[serde(default)]
     pub policy: BTreeMap<String, u64>,
+}
+
+/// A TOML value that is one string or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 impl Settings {
@@ -117,9 +228,46 @@ impl Settings {
         if let Some(c) = f.component {
             self.component = Some(PathBuf::from(c));
         }
+        for (name, v) in Limits::NAMES.iter().zip([
+            f.header_timeout,
+            f.body_timeout,
+            f.idle_timeout,
+            f.ws_ping_interval,
+            f.max_connections,
+            f.max_connections_per_ip,
+            f.ws_send_queue,
+            f.max_pending,
+        ]) {
+            if let Some(v) = v {
+                self.limits.set(name, v)?;
+            }
+        }
+        if let Some(c) = f.tls_cert {
+            self.tls_cert = Some(PathBuf::from(c));
+        }
+        if let Some(k) = f.tls_key {
+            self.tls_key = Some(PathBuf::from(k));
+        }
+        match f.ca {
+            Some(OneOrMany::One(c)) => self.ca.push(PathBuf::from(c)),
+            Some(OneOrMany::Many(cs)) => self.ca.extend(cs.into_iter().map(PathBuf::from)),
+            None => {}
+        }
+        if let Some(a) = f.allow_private_peers {
+            self.allow_private_peers = a;
+        }
         for (k, v) in f.policy {
             self.policies.set(&k, v).map_err(anyhow::Error::msg)?;
         }
+        Ok(())
+    }
+
+    /// Checks what only makes sense together: a certificate with its key.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.tls_cert.is_some() == self.tls_key.is_some(),
+            "--tls-cert and --tls-key go together"
+        );
         Ok(())
     }
 

@@ -4,6 +4,7 @@ use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{MemoryStore, Storage, StorageError};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Bytes of the database file read through a memory map.
 const MMAP_SIZE: i64 = 256 << 20;
@@ -23,6 +24,17 @@ fn err(e: rusqlite::Error) -> StorageError {
 impl SqliteStore {
     /// Opens (or creates) the database at `path`.
     pub fn open(path: &Path) -> Result<SqliteStore, StorageError> {
+        // Created 0600 before SQLite opens it: SQLite gives its -wal and -shm files the
+        // database file's mode, so every file of the store is its owner's only.
+        {
+            let mut create = std::fs::OpenOptions::new();
+            create.append(true).create(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut create, 0o600);
+            create
+                .open(path)
+                .map_err(|e| StorageError(format!("{}: {e}", path.display())))?;
+        }
         let conn = Connection::open(path).map_err(err)?;
         // A relay that holds the database keeps it: waiting long for it only delays the error.
         conn.busy_timeout(std::time::Duration::from_secs(1))
@@ -166,6 +178,36 @@ impl Storage for SqliteStore {
 pub enum AnyStore {
     Sqlite(SqliteStore),
     Memory(MemoryStore),
+    /// A store with faults on request (tests).
+    Faulty(Box<AnyStore>, std::sync::Arc<Faults>),
+}
+
+/// Faults switched on and off while a relay runs (`Settings::faults`, for tests of how the
+/// host recovers): reads or commits of the storage fail, or every tick traps.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Every `get` and `scan` fails.
+    pub fail_reads: AtomicBool,
+    /// Every commit fails (a group commit is undone).
+    pub fail_commits: AtomicBool,
+    /// Every tick traps (its epoch deadline has passed before it starts).
+    pub trap_ticks: AtomicBool,
+}
+
+impl Faults {
+    fn on(flag: &AtomicBool) -> bool {
+        flag.load(Ordering::Relaxed)
+    }
+}
+
+impl AnyStore {
+    /// The store under any fault injection.
+    pub fn base(&self) -> &AnyStore {
+        match self {
+            AnyStore::Faulty(s, _) => s.base(),
+            s => s,
+        }
+    }
 }
 
 impl Storage for AnyStore {
@@ -173,18 +215,30 @@ impl Storage for AnyStore {
         match self {
             AnyStore::Sqlite(s) => s.get(key),
             AnyStore::Memory(s) => s.get(key),
+            AnyStore::Faulty(_, f) if Faults::on(&f.fail_reads) => {
+                Err(StorageError("injected read fault".into()))
+            }
+            AnyStore::Faulty(s, _) => s.get(key),
         }
     }
     fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>, StorageError> {
         match self {
             AnyStore::Sqlite(s) => s.scan(start, end, limit),
             AnyStore::Memory(s) => s.scan(start, end, limit),
+            AnyStore::Faulty(_, f) if Faults::on(&f.fail_reads) => {
+                Err(StorageError("injected read fault".into()))
+            }
+            AnyStore::Faulty(s, _) => s.scan(start, end, limit),
         }
     }
     fn commit(&mut self, batch: Vec<Write>) -> Result<(), StorageError> {
         match self {
             AnyStore::Sqlite(s) => s.commit(batch),
             AnyStore::Memory(s) => s.commit(batch),
+            AnyStore::Faulty(_, f) if Faults::on(&f.fail_commits) => {
+                Err(StorageError("injected commit fault".into()))
+            }
+            AnyStore::Faulty(s, _) => s.commit(batch),
         }
     }
 }
