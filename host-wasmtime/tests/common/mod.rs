@@ -34,6 +34,8 @@ pub struct User {
 pub struct Client {
     pub http: AdminClient,
     pub rng: ChaCha20Rng,
+    /// The network the client's objects name (`dev` unless set).
+    pub net: String,
 }
 
 impl Client {
@@ -41,6 +43,7 @@ impl Client {
         Client {
             http: admin_client(),
             rng: ChaCha20Rng::seed_from_u64(seed),
+            net: NET.to_string(),
         }
     }
 
@@ -59,37 +62,53 @@ impl Client {
     }
 
     pub fn route(&self, user_key: &AccountKey, relay: &str, revision: u64) -> Object {
-        draft::route(NET, &user_key.id(), relay, revision, now_ms()).sign(user_key)
+        draft::route(&self.net, &user_key.id(), relay, revision, now_ms()).sign(user_key)
     }
 
     /// Registers an account at `relay` and opens a session.
     pub async fn register(&mut self, relay: &str, discoverable: bool) -> User {
+        let u = self.user(relay);
+        self.register_user(u, discoverable).await
+    }
+
+    /// A user homed at `relay` with fresh keys, not registered anywhere yet (no session).
+    pub fn user(&mut self, relay: &str) -> User {
         let key = AccountKey::generate(&mut self.rng);
         let device = DeviceKey::generate(&mut self.rng);
-        let cert = draft::certificate(NET, &key, &device, &["send", "sync", "manage"], now_ms())
-            .sign(&key);
-        let mut p = Object::new();
-        p.insert("route", self.route(&key, relay, 1));
-        p.insert("certificate", cert.clone());
-        p.insert("discoverable", discoverable);
-        let (s, v) = self
-            .post(&format!("{relay}/v1/account.register"), None, &p)
-            .await;
-        assert_eq!(s, 200, "{v:?}");
-        let mut u = User {
+        let cert = draft::certificate(
+            &self.net,
+            &key,
+            &device,
+            &["send", "sync", "manage"],
+            now_ms(),
+        )
+        .sign(&key);
+        User {
             key,
             device,
             cert,
             relay: relay.to_string(),
             session: String::new(),
-        };
+        }
+    }
+
+    /// Registers `u` at its relay and opens a session.
+    pub async fn register_user(&mut self, mut u: User, discoverable: bool) -> User {
+        let mut p = Object::new();
+        p.insert("route", self.route(&u.key, &u.relay, 1));
+        p.insert("certificate", u.cert.clone());
+        p.insert("discoverable", discoverable);
+        let (s, v) = self
+            .post(&format!("{}/v1/account.register", u.relay), None, &p)
+            .await;
+        assert_eq!(s, 200, "{v:?}");
         u.session = self.open_session(&u).await;
         u
     }
 
     pub async fn open_session(&mut self, u: &User) -> String {
         let so = draft::session_open(
-            NET,
+            &self.net,
             &u.relay,
             &u.key.id(),
             &u.device.id(),
@@ -121,7 +140,7 @@ impl Client {
         let key = seal::message_key(&mut self.rng);
         let body = seal::seal_body(&mut self.rng, &key, text.as_bytes());
         let env = draft::envelope(
-            NET,
+            &self.net,
             &random_id(&mut self.rng),
             &from.key.id(),
             &from.device.id(),
