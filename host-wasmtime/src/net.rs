@@ -12,8 +12,9 @@
 //!   is in progress. The body's own timer (`--body-timeout`, 408) is the handler's
 //!   (`server::read_body`). A TLS handshake has `--header-timeout` too.
 //! - A response that says `Connection: close` (413 and 408 answered before the body was
-//!   read) is followed by a lingering close: what the client still sends is read and
-//!   dropped for a moment, so the answer is not lost to a reset.
+//!   read) is followed by a short lingering close: what the client still sends is read and
+//!   dropped for at most 250 ms and 256 KiB, so the answer is not lost to a reset at once;
+//!   the rest of the body is never read.
 //! - Upgraded connections (WebSockets) leave the watchdog: their liveness is ping/pong.
 
 use crate::ops::HostMetrics;
@@ -35,8 +36,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// How long a lingering close reads (and drops) what the client still sends.
-const LINGER: Duration = Duration::from_secs(2);
+/// How long a lingering close reads (and drops) what the client still sends, at most ...
+const LINGER: Duration = Duration::from_millis(250);
+/// ... and how much: the rest of a refused body is never read (the answer has left by then).
+const LINGER_BYTES: usize = 256 * 1024;
 
 /// The TCP peer of a request (what `ConnectInfo` hands the handlers).
 #[derive(Clone, Copy, Debug)]
@@ -235,8 +238,10 @@ async fn linger(mut s: Stream) {
     let _ = s.shutdown().await;
     let mut buf = vec![0u8; 16 * 1024];
     let _ = tokio::time::timeout(LINGER, async {
+        let mut read = 0;
         while let Ok(n) = s.read(&mut buf).await {
-            if n == 0 {
+            read += n;
+            if n == 0 || read >= LINGER_BYTES {
                 break;
             }
         }
