@@ -446,6 +446,46 @@ fn warn_open(dir: &std::path::Path) {
     }
 }
 
+/// Raises the soft limit on open files to the hard one (as Node does at start), and warns
+/// when the connection caps do not fit under it: beyond the limit `accept` fails and the
+/// relay takes nothing until connections close.
+fn raise_descriptor_limit(limits: &settings::Limits) {
+    #[cfg(unix)]
+    {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+                return;
+            }
+            if l.rlim_cur < l.rlim_max {
+                let want = libc::rlimit {
+                    rlim_cur: l.rlim_max,
+                    rlim_max: l.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                    l.rlim_cur = l.rlim_max;
+                }
+            }
+        }
+        // Both listeners at their caps, plus outbound connections, the store and the rest.
+        let needed = limits.max_connections.saturating_mul(2).saturating_add(256);
+        // rlim_t is u64 here, not everywhere.
+        #[allow(clippy::unnecessary_cast)]
+        let have = l.rlim_cur as u64;
+        if have < needed {
+            tracing::warn!(
+                "open files are limited to {}: with --max-connections {} on each listener the relay may run out of descriptors; lower it or raise the limit (ulimit -n)",
+                l.rlim_cur,
+                limits.max_connections
+            );
+        }
+    }
+}
+
 /// Creates the data directory (and its parents) with mode 0700: it holds the relay's key.
 fn create_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     let mut b = std::fs::DirBuilder::new();
@@ -462,6 +502,7 @@ fn create_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
 /// go on: it logs why and exits the process with status 70.
 pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     settings.check()?;
+    raise_descriptor_limit(&settings.limits);
     let acceptor = match (&settings.tls_cert, &settings.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,
