@@ -40,6 +40,9 @@ impl Host {
         for p in POLICIES {
             cmd.args(["--policy", p]);
         }
+        // Every load generator's connection comes from 127.0.0.1: the per-address cap
+        // (64 by default) would refuse the c=128 rows.
+        cmd.args(["--max-connections-per-ip", "4096"]);
         let child = cmd
             .env("RELAY_LOG", "warn")
             .stdout(Stdio::null())
