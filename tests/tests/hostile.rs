@@ -1608,8 +1608,7 @@ probe!(
     chunked_body_refused_early,
     chunked_body_refused_early,
     chunked_body_refused_early_wasmtime,
-    chunked_body_refused_early_node,
-    ignore_wasmtime = "issue 18: the wasmtime host answers 413 at once but then reads the rest of the body (all 20 MB) before it closes"
+    chunked_body_refused_early_node
 );
 probe!(
     connection_caps,
