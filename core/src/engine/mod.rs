@@ -102,25 +102,27 @@ pub fn error_body(e: &Error) -> Value {
     Value::Object(outer)
 }
 
-/// A method name as a metrics label: a protocol method, or `other` (names come from callers).
+/// Every method the engine dispatches (protocol.md §4 and `admin.*`), in dispatch order.
+pub const METHODS: [&str; 14] = [
+    "session.open",
+    "account.register",
+    "account.update",
+    "device.register",
+    "device.revoke",
+    "device.list",
+    "route.get",
+    "route.publish",
+    "contact.revoke",
+    "message.send",
+    "message.deliver",
+    "message.delivery.status",
+    "message.timeline.sync",
+    "admin.deliveries",
+];
+
+/// A method name as a metrics label: a method of [`METHODS`], or `other` (names come from callers).
 fn known_method(method: &str) -> String {
-    const KNOWN: [&str; 14] = [
-        "session.open",
-        "account.register",
-        "account.update",
-        "device.register",
-        "device.revoke",
-        "device.list",
-        "route.get",
-        "route.publish",
-        "contact.revoke",
-        "message.send",
-        "message.deliver",
-        "message.delivery.status",
-        "message.timeline.sync",
-        "admin.deliveries",
-    ];
-    KNOWN
+    METHODS
         .iter()
         .find(|m| **m == method)
         .map_or("other", |m| m)

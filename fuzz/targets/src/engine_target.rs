@@ -51,22 +51,7 @@ pub const MAX_OPS: usize = 40;
 pub const CHUNK: usize = 48;
 
 /// Every method of the engine, in dispatch order.
-pub const METHODS: [&str; 14] = [
-    "session.open",
-    "account.register",
-    "account.update",
-    "device.register",
-    "device.revoke",
-    "device.list",
-    "route.get",
-    "route.publish",
-    "contact.revoke",
-    "message.send",
-    "message.deliver",
-    "message.delivery.status",
-    "message.timeline.sync",
-    "admin.deliveries",
-];
+pub use relay_core::engine::METHODS;
 
 /// An account as its client holds it.
 #[derive(Clone)]
