@@ -37,7 +37,7 @@ function send(res, status, body) {
 
 /**
  * Answers and closes the connection without reading the rest of the request: the answer is
- * written, then the socket is destroyed once it is flushed.
+ * written, then the connection closes with a lingering close.
  */
 function refuse(req, res, status, body) {
   req.pause();
@@ -48,7 +48,39 @@ function refuse(req, res, status, body) {
   const text = JSON.stringify(body);
   res.shouldKeepAlive = false;
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), connection: 'close' });
-  res.end(text, () => req.socket.destroy());
+  // Node ends such a connection with destroySoon() once the answer is written, which resets it
+  // when request bytes are still unread, and the client may then lose the answer: linger instead.
+  const socket = req.socket;
+  socket.destroySoon = () => linger(socket, req);
+  res.end(text);
+}
+
+/** How long a lingering close reads (and drops) what the client still sends, at most ... */
+const LINGER_MS = 250;
+/** ... and how much: the rest of a refused body is never read (the answer has left by then). */
+const LINGER_BYTES = 256 * 1024;
+
+/**
+ * Closes a connection whose request was refused unread: our side is ended (FIN, after the
+ * answer) and what the client still sends is read and dropped for a moment, then the socket
+ * is destroyed.
+ * @param {import('node:net').Socket} socket
+ * @param {import('node:http').IncomingMessage} req
+ */
+function linger(socket, req) {
+  if (socket.destroyed) return;
+  const from = socket.bytesRead;
+  const until = Date.now() + LINGER_MS;
+  const timer = setInterval(() => {
+    if (Date.now() >= until || socket.bytesRead - from >= LINGER_BYTES) socket.destroy();
+  }, 20);
+  socket.once('close', () => clearInterval(timer));
+  socket.once('end', () => socket.destroy());
+  socket.end();
+  // The rest of the body flows through the parser into nothing.
+  req.removeAllListeners('data');
+  req.on('data', () => {});
+  req.resume();
 }
 
 /**
