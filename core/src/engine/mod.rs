@@ -371,6 +371,12 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         })
     }
 
+    /// Fills `buf` from the host's entropy: the one source of everything random in the core
+    /// (the transport's request nonces too), so a recorded run replays exactly.
+    pub fn random(&mut self, buf: &mut [u8]) {
+        self.entropy.fill(buf);
+    }
+
     /// The earliest time the engine wants a tick, if any.
     pub fn next_wake(&mut self) -> Result<Option<u64>, StorageError> {
         context::next_wake(&mut self.store)

@@ -74,6 +74,30 @@ pub fn sign(
     nonce: &[u8; 16],
     body: &[u8],
 ) -> RelayHeaders {
+    sign_with(
+        &SigningKey::from_bytes(seed),
+        network,
+        method,
+        relay,
+        to,
+        ts,
+        nonce,
+        body,
+    )
+}
+
+/// [`sign`] with a key already expanded (a relay signs every outbound request with it).
+#[allow(clippy::too_many_arguments)]
+pub fn sign_with(
+    key: &SigningKey,
+    network: &str,
+    method: &str,
+    relay: &RelayId,
+    to: &RelayId,
+    ts: u64,
+    nonce: &[u8; 16],
+    body: &[u8],
+) -> RelayHeaders {
     let nonce = base64url::encode(nonce);
     let o = signed_object(
         network,
@@ -84,7 +108,7 @@ pub fn sign(
         &nonce,
         body,
     );
-    let sig = SigningKey::from_bytes(seed).sign(&signing_input("relay_request", &o));
+    let sig = key.sign(&signing_input("relay_request", &o));
     RelayHeaders {
         relay_id: relay.as_str().to_string(),
         timestamp: ts.to_string(),

@@ -1,0 +1,189 @@
+//! HTTP as the core sees it: a request the host read whole, the answer to write.
+//!
+//! The host owns sockets, TLS, body limits and timeouts; it hands over the request line's
+//! method and target, the headers in [`HEADERS`], the body and the peer's address. The
+//! answer's status, headers and body are final: the host writes them as they are.
+
+use super::Event;
+use crate::engine::error_body;
+use crate::wire::canonical;
+use crate::wire::json::{self, Value};
+use crate::{Error, ErrorCode};
+
+/// The request headers the core reads (lowercase); a host may pass only these.
+pub const HEADERS: [&str; 5] = [
+    "authorization",
+    "relay-id",
+    "relay-timestamp",
+    "relay-nonce",
+    "relay-signature",
+];
+
+/// Which listener a request arrived on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    /// The public port: clients, relays, WebSockets, `/.well-known/relay`.
+    Public,
+    /// The admin listener (loopback by default): the operator API.
+    Admin,
+}
+
+/// A request the host read whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Where it arrived.
+    pub listener: Listener,
+    /// The request line's method (`GET`, `POST`).
+    pub method: String,
+    /// The request target's path, without the query.
+    pub path: String,
+    /// The query string without `?` (empty when none).
+    pub query: String,
+    /// Headers by lowercase name; only those in [`HEADERS`] are read.
+    pub headers: Vec<(String, String)>,
+    /// The body, whole.
+    pub body: Vec<u8>,
+    /// The peer's IP address as text, no port (IPv4-mapped IPv6 as IPv4); none in process.
+    pub origin: Option<String>,
+}
+
+impl Request {
+    /// The value of header `name` (lowercase), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The bearer token of `Authorization`, if any.
+    pub fn bearer(&self) -> Option<&str> {
+        self.header("authorization")?
+            .strip_prefix("Bearer ")
+            .map(str::trim)
+    }
+
+    /// The value of query parameter `name`, if present (no percent-decoding: tokens are base64url).
+    pub fn query_param(&self, name: &str) -> Option<&str> {
+        self.query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k == name).then_some(v)
+        })
+    }
+}
+
+/// The answer to write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    /// The HTTP status.
+    pub status: u16,
+    /// Headers to send (`content-type` always; `retry-after` with 429 and 503).
+    pub headers: Vec<(&'static str, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+    /// What the host must do once the answer is on its way.
+    pub effects: Vec<Event>,
+}
+
+/// The body of the answer when the host's queue of work for the core is full.
+pub const BUSY: &[u8] =
+    br#"{"error":{"code":"unavailable","data":{"retry_after":1000},"message":"the relay is busy; retry"}}"#;
+
+/// The body of the answer when a call was lost before its writes committed (a trap, a
+/// failed group commit): nothing was accepted, so a retry is safe.
+pub const UNCOMMITTED: &[u8] =
+    br#"{"error":{"code":"internal","message":"the relay core failed; nothing was accepted"}}"#;
+
+impl Response {
+    /// A JSON answer with `status`; 429 and 503 carry `Retry-After` from `data.retry_after`.
+    pub fn json(status: u16, body: Vec<u8>, effects: Vec<Event>) -> Response {
+        let mut headers = vec![("content-type", "application/json".to_string())];
+        if status == 429 || status == 503 {
+            if let Some(s) = retry_after_seconds(&body) {
+                headers.push(("retry-after", s.to_string()));
+            }
+        }
+        Response {
+            status,
+            headers,
+            body,
+            effects,
+        }
+    }
+
+    /// The error answer for `e`, with the status protocol.md §4 gives its code.
+    pub fn error(e: &Error) -> Response {
+        Response::json(
+            e.code.http_status(),
+            canonical::to_vec(&error_body(e)),
+            Vec::new(),
+        )
+    }
+
+    /// An error answer from a code and message.
+    pub fn fail(code: ErrorCode, message: &str) -> Response {
+        Response::error(&Error::new(code, message))
+    }
+
+    /// 503: the host's queue of work for the core is full; retry in a second.
+    pub fn busy() -> Response {
+        Response::json(503, BUSY.to_vec(), Vec::new())
+    }
+
+    /// 500: the call was lost before it committed; nothing was accepted.
+    pub fn uncommitted() -> Response {
+        Response::json(500, UNCOMMITTED.to_vec(), Vec::new())
+    }
+
+    /// A 200 answer holding `value`, canonical.
+    pub fn ok(value: &Value) -> Response {
+        Response::json(200, canonical::to_vec(value), Vec::new())
+    }
+}
+
+/// `Retry-After` in whole seconds (rounded up, at least 1) from an error body's
+/// `data.retry_after` (ms), if it has one.
+pub fn retry_after_seconds(body: &[u8]) -> Option<u64> {
+    let v = json::parse(body).ok()?;
+    let ms = v
+        .as_object()?
+        .get("error")?
+        .as_object()?
+        .get("data")?
+        .as_object()?
+        .get("retry_after")?
+        .as_protocol_int()?;
+    Some(ms.div_ceil(1000).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up() {
+        assert_eq!(retry_after_seconds(BUSY), Some(1));
+        let b = br#"{"error":{"code":"rate_limited","message":"m","data":{"retry_after":1001}}}"#;
+        assert_eq!(retry_after_seconds(b), Some(2));
+        let r = Response::json(429, b.to_vec(), Vec::new());
+        assert!(r.headers.contains(&("retry-after", "2".to_string())));
+        let r = Response::json(400, b.to_vec(), Vec::new());
+        assert!(r.headers.iter().all(|(k, _)| *k != "retry-after"));
+    }
+
+    #[test]
+    fn bearer_and_query() {
+        let r = Request {
+            listener: Listener::Public,
+            method: "GET".into(),
+            path: "/v1/ws".into(),
+            query: "a=1&session=tok".into(),
+            headers: vec![("authorization".into(), "Bearer  abc ".into())],
+            body: Vec::new(),
+            origin: None,
+        };
+        assert_eq!(r.bearer(), Some("abc"));
+        assert_eq!(r.query_param("session"), Some("tok"));
+        assert_eq!(r.query_param("b"), None);
+    }
+}

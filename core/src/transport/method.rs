@@ -1,0 +1,161 @@
+//! The protocol's methods as one typed list, and who may reach each one from which door.
+//!
+//! Every transport asks this table, so a method cannot be reachable by relays on one host
+//! and not on another.
+
+/// A method of protocol.md §4, or of the operator's API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// `session.open`
+    SessionOpen,
+    /// `account.register`
+    AccountRegister,
+    /// `account.update`
+    AccountUpdate,
+    /// `device.register`
+    DeviceRegister,
+    /// `device.revoke`
+    DeviceRevoke,
+    /// `device.list`
+    DeviceList,
+    /// `route.get`
+    RouteGet,
+    /// `route.publish`
+    RoutePublish,
+    /// `contact.revoke`
+    ContactRevoke,
+    /// `message.send`
+    MessageSend,
+    /// `message.deliver`
+    MessageDeliver,
+    /// `message.delivery.status`
+    DeliveryStatus,
+    /// `message.timeline.sync`
+    TimelineSync,
+    /// `admin.deliveries`: the operator's view of deliveries in flight.
+    AdminDeliveries,
+}
+
+/// The door a call came through; each door reaches its own set of methods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Door {
+    /// `POST /v1/{method}` and WebSocket frames: clients, anonymous or with a session.
+    Client,
+    /// `POST /relay/v1/{method}`: other relays, authenticated by request signature.
+    Relay,
+    /// `POST /admin/v1/{name}` on the admin listener: the operator, by token.
+    Operator,
+}
+
+impl Method {
+    /// Every method, in the engine's dispatch order.
+    pub const ALL: [Method; 14] = [
+        Method::SessionOpen,
+        Method::AccountRegister,
+        Method::AccountUpdate,
+        Method::DeviceRegister,
+        Method::DeviceRevoke,
+        Method::DeviceList,
+        Method::RouteGet,
+        Method::RoutePublish,
+        Method::ContactRevoke,
+        Method::MessageSend,
+        Method::MessageDeliver,
+        Method::DeliveryStatus,
+        Method::TimelineSync,
+        Method::AdminDeliveries,
+    ];
+
+    /// The method's name on the wire.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Method::SessionOpen => "session.open",
+            Method::AccountRegister => "account.register",
+            Method::AccountUpdate => "account.update",
+            Method::DeviceRegister => "device.register",
+            Method::DeviceRevoke => "device.revoke",
+            Method::DeviceList => "device.list",
+            Method::RouteGet => "route.get",
+            Method::RoutePublish => "route.publish",
+            Method::ContactRevoke => "contact.revoke",
+            Method::MessageSend => "message.send",
+            Method::MessageDeliver => "message.deliver",
+            Method::DeliveryStatus => "message.delivery.status",
+            Method::TimelineSync => "message.timeline.sync",
+            Method::AdminDeliveries => "admin.deliveries",
+        }
+    }
+
+    /// The method of a wire name, if it is one.
+    pub fn parse(name: &str) -> Option<Method> {
+        Method::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+
+    /// Whether a call through `door` may reach this method.
+    ///
+    /// Relays reach only what protocol.md §4 lets a relay call; the operator reaches only
+    /// `admin.*`, and nothing else reaches `admin.*`.
+    pub const fn reachable_from(self, door: Door) -> bool {
+        match door {
+            Door::Client => !matches!(self, Method::AdminDeliveries),
+            Door::Relay => matches!(
+                self,
+                Method::MessageDeliver
+                    | Method::RouteGet
+                    | Method::RoutePublish
+                    | Method::DeviceList
+            ),
+            Door::Operator => matches!(self, Method::AdminDeliveries),
+        }
+    }
+
+    /// The method a name reaches through `door`, or the `not_found` error that door gives.
+    pub fn through(name: &str, door: Door) -> Result<Method, crate::Error> {
+        let why = match door {
+            Door::Relay => "not a relay method",
+            Door::Client | Door::Operator => "unknown method",
+        };
+        Method::parse(name)
+            .filter(|m| m.reachable_from(door))
+            .ok_or_else(|| crate::Error::new(crate::ErrorCode::NotFound, why))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_match_the_engine_list() {
+        for m in Method::ALL {
+            assert_eq!(Method::parse(m.as_str()), Some(m));
+        }
+        let names: Vec<_> = Method::ALL.iter().map(|m| m.as_str()).collect();
+        assert_eq!(names, crate::engine::METHODS);
+    }
+
+    #[test]
+    fn each_door_reaches_its_own_methods() {
+        let relay: Vec<_> = Method::ALL
+            .into_iter()
+            .filter(|m| m.reachable_from(Door::Relay))
+            .map(Method::as_str)
+            .collect();
+        assert_eq!(
+            relay,
+            [
+                "device.list",
+                "route.get",
+                "route.publish",
+                "message.deliver"
+            ]
+        );
+        assert!(Method::through("admin.deliveries", Door::Client).is_err());
+        assert!(Method::through("message.send", Door::Operator).is_err());
+        assert!(Method::through("message.send", Door::Relay).is_err());
+        assert_eq!(
+            Method::through("admin.deliveries", Door::Operator).ok(),
+            Some(Method::AdminDeliveries)
+        );
+    }
+}

@@ -1,0 +1,516 @@
+//! The relay's transports (protocol.md §6), sans-IO: what arrived in, what to write out.
+//!
+//! A host reads requests and WebSocket messages off its sockets and hands them to a
+//! [`Relay`]; the relay answers with the bytes to write and [`Event`]s to execute. It owns
+//! routing, which door reaches which method ([`Method`]), the operator gate, relay
+//! authentication with its key book, the error-to-status mapping, `Retry-After`, WebSocket
+//! answer frames, notifications and closes, and outbound relay requests, signed, with the
+//! classification of what became of them. The host keeps sockets, TLS, body limits and
+//! timeouts, timers, storage and process life.
+//!
+//! A relay request whose source key is not known yet yields [`Step::FetchKey`]: the host
+//! GETs the URL, reports it with [`Relay::key_fetched`], and submits the request again.
+
+pub mod http;
+pub mod keys;
+pub mod method;
+pub mod outbound;
+pub mod socket;
+
+pub use http::{Listener, Request, Response};
+pub use method::{Door, Method};
+pub use outbound::{Fetch, PeerRequest};
+pub use socket::{Answer, Upgrade};
+
+use crate::engine::{self, Caller, Effect, Engine, Entropy, Storage};
+use crate::wire::canonical;
+use crate::wire::digest;
+use crate::wire::frame;
+use crate::wire::identity::RelayId;
+use crate::wire::json::{self, Object, Value};
+use crate::wire::relay_request::{self, RelayHeaders};
+use crate::{Error, ErrorCode};
+use ed25519_dalek::SigningKey;
+use keys::{KeyBook, Lookup};
+
+/// The longest a host waits for a peer's answer, whatever the attempt timeout.
+pub const MAX_EXCHANGE_MS: u64 = 20_000;
+
+/// What the host must do after a call, beside writing its answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Carry this request to another relay, then report with [`Relay::fetched`].
+    Send(PeerRequest),
+    /// Call [`Relay::tick`] at (or after) this time; replaces any earlier wake-up.
+    WakeAt(u64),
+    /// Send `frame` (a `message.timeline.changed` notification) to every WebSocket of `account`.
+    Notify {
+        /// The account whose timeline changed.
+        account: String,
+        /// Its latest sequence number.
+        latest_seq: u64,
+        /// The notification frame, ready to send.
+        frame: String,
+    },
+    /// Close every WebSocket of this device with `code` and `reason`.
+    Close {
+        /// The device's account.
+        account: String,
+        /// The device.
+        device_id: String,
+        /// The close code.
+        code: u16,
+        /// The close reason.
+        reason: &'static str,
+    },
+    /// A delivery this relay was responsible for ended (for the host's log and metrics):
+    /// `status` is `target_accepted` or `failed`, `error_code` the failure's code.
+    DeliveryEnded {
+        /// The sender's account.
+        from: String,
+        /// The message.
+        message_id: String,
+        /// The recipient's account.
+        to: String,
+        /// `target_accepted` or `failed`.
+        status: &'static str,
+        /// The failure's code.
+        error_code: Option<String>,
+    },
+}
+
+/// What the core makes of a request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Write this answer.
+    Respond(Response),
+    /// GET `url` (no redirects), report it with [`Relay::key_fetched`] for `relay`, then
+    /// submit the same request again. If a fetch of `relay` is already in flight, wait for
+    /// its report instead of starting another.
+    FetchKey {
+        /// The relay whose key is needed.
+        relay: String,
+        /// Its `/.well-known/relay`.
+        url: String,
+    },
+    /// Accept the WebSocket upgrade; the socket belongs to this session.
+    Upgrade(Upgrade),
+    /// The operator asked for a backup: write a consistent copy of the storage to `path`
+    /// (absolute), then answer `{"path", "bytes"}` (or an `internal` error).
+    Backup {
+        /// Where to write it.
+        path: String,
+    },
+}
+
+/// What a tick did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tick {
+    /// What the host must do; ends with the next wake-up when there is one.
+    pub events: Vec<Event>,
+    /// Entries the tick set aside (canonical JSON each): log them.
+    pub quarantined: Vec<String>,
+    /// Why the tick failed, if it did: tick again soon.
+    pub error: Option<String>,
+}
+
+/// The relay: the engine behind its transports.
+pub struct Relay<S: Storage, E: Entropy> {
+    engine: Engine<S, E>,
+    key: SigningKey,
+    public: [u8; 32],
+    /// SHA-256 of the operator token; `None`: no operator API.
+    operator: Option<[u8; 32]>,
+    keys: KeyBook,
+}
+
+impl<S: Storage, E: Entropy> Relay<S, E> {
+    /// A relay over `engine`, signing with the key of `seed`; `operator_token` opens the
+    /// admin listener's API to its holder.
+    pub fn new(engine: Engine<S, E>, seed: &[u8; 32], operator_token: Option<&str>) -> Self {
+        let key = SigningKey::from_bytes(seed);
+        let public = key.verifying_key().to_bytes();
+        Relay {
+            engine,
+            key,
+            public,
+            operator: operator_token.map(|t| digest::sha256(t.as_bytes())),
+            keys: KeyBook::default(),
+        }
+    }
+
+    /// The engine, for what the transports do not cover (embedding, tests, metrics).
+    pub fn engine(&mut self) -> &mut Engine<S, E> {
+        &mut self.engine
+    }
+
+    /// This relay's public key.
+    pub fn public_key(&self) -> [u8; 32] {
+        self.public
+    }
+
+    /// Key fetches started so far.
+    pub fn key_fetches(&self) -> u64 {
+        self.keys.fetches()
+    }
+
+    /// This relay's `/.well-known/relay` document.
+    pub fn well_known(&self) -> Vec<u8> {
+        canonical::to_vec(&self.engine.well_known(&self.public))
+    }
+
+    /// Handles one request read whole.
+    pub fn handle(&mut self, req: &Request, now: u64) -> Step {
+        let path = req.path.as_str();
+        let post = req.method == "POST";
+        let routed = match req.listener {
+            Listener::Public => {
+                if let Some(m) = path.strip_prefix("/v1/").filter(|_| post) {
+                    Some((Door::Client, m))
+                } else if let Some(m) = path.strip_prefix("/relay/v1/").filter(|_| post) {
+                    Some((Door::Relay, m))
+                } else if req.method == "GET" && path == "/.well-known/relay" {
+                    return Step::Respond(Response::json(200, self.well_known(), Vec::new()));
+                } else if req.method == "GET" && path == "/v1/ws" {
+                    return self.upgrade(req, now);
+                } else {
+                    None
+                }
+            }
+            Listener::Admin => path
+                .strip_prefix("/admin/v1/")
+                .filter(|_| post)
+                .map(|m| (Door::Operator, m)),
+        };
+        let Some((door, name)) = routed.filter(|(_, m)| !m.is_empty() && !m.contains('/')) else {
+            return Step::Respond(Response::fail(ErrorCode::NotFound, "no such endpoint"));
+        };
+        // The body is judged by the strict parser before anything else looks at the call.
+        let params = match json::parse_object(&req.body) {
+            Ok(p) => p,
+            Err(e) => return Step::Respond(Response::error(&e.into())),
+        };
+        match door {
+            Door::Client => match Method::through(name, door) {
+                Ok(m) => {
+                    let caller = match req.bearer() {
+                        Some(t) => Caller::Session(t.to_string()),
+                        None => Caller::Anonymous,
+                    };
+                    Step::Respond(self.call(&caller, req.origin.as_deref(), m, &req.body, now))
+                }
+                Err(e) => Step::Respond(Response::error(&e)),
+            },
+            Door::Relay => self.relay_call(req, name, now),
+            Door::Operator => self.operator_call(req, name, &params, now),
+        }
+    }
+
+    fn is_operator(&self, req: &Request) -> bool {
+        use subtle::ConstantTimeEq;
+        match (self.operator, req.bearer()) {
+            (Some(want), Some(t)) => bool::from(digest::sha256(t.as_bytes()).ct_eq(&want)),
+            _ => false,
+        }
+    }
+
+    fn operator_call(&mut self, req: &Request, name: &str, params: &Object, now: u64) -> Step {
+        if !self.is_operator(req) {
+            return Step::Respond(Response::fail(
+                ErrorCode::Unauthenticated,
+                "operator token required",
+            ));
+        }
+        if name == "backup" {
+            return match params.get("path").and_then(Value::as_str) {
+                Some(p) if p.starts_with('/') => Step::Backup {
+                    path: p.to_string(),
+                },
+                _ => Step::Respond(Response::fail(
+                    ErrorCode::InvalidParams,
+                    "backup takes {\"path\": an absolute file name}",
+                )),
+            };
+        }
+        match Method::through(&format!("admin.{name}"), Door::Operator) {
+            Ok(m) => Step::Respond(self.call(
+                &Caller::Operator,
+                req.origin.as_deref(),
+                m,
+                &req.body,
+                now,
+            )),
+            Err(e) => Step::Respond(Response::error(&e)),
+        }
+    }
+
+    fn relay_call(&mut self, req: &Request, name: &str, now: u64) -> Step {
+        let method = match Method::through(name, Door::Relay) {
+            Ok(m) => m,
+            Err(e) => return Step::Respond(Response::error(&e)),
+        };
+        let headers = (|| {
+            Some(RelayHeaders {
+                relay_id: req.header("relay-id")?.to_string(),
+                timestamp: req.header("relay-timestamp")?.to_string(),
+                nonce: req.header("relay-nonce")?.to_string(),
+                signature: req.header("relay-signature")?.to_string(),
+            })
+        })();
+        let Some(headers) = headers else {
+            return Step::Respond(Response::fail(
+                ErrorCode::Unauthenticated,
+                "relay authentication headers are missing",
+            ));
+        };
+        // to, method and ts first; only then the source's key.
+        let c = self.engine.config();
+        let checked = relay_request::precheck(
+            &headers,
+            &c.network,
+            &c.relay,
+            method.as_str(),
+            &req.body,
+            now,
+            c.policies.clock_tolerance,
+        );
+        let checked = match checked {
+            Ok(p) => p,
+            Err(e) => return Step::Respond(Response::error(&e)),
+        };
+        let source = checked.source.clone();
+        let mut refused: Option<Error> = None;
+        loop {
+            match self.keys.lookup(source.as_str(), refused.is_some(), now) {
+                Lookup::Key(key) => match self.engine.authenticate_relay(&checked, &key, now) {
+                    Ok(source) => {
+                        return Step::Respond(self.call(
+                            &Caller::Relay(source),
+                            req.origin.as_deref(),
+                            method,
+                            &req.body,
+                            now,
+                        ))
+                    }
+                    // Under the cached key it failed: a newer key may have been published.
+                    Err(e) if refused.is_none() => refused = Some(e),
+                    Err(e) => return Step::Respond(Response::error(&e)),
+                },
+                Lookup::Fetch => {
+                    return Step::FetchKey {
+                        url: outbound::well_known_url(&source),
+                        relay: source.as_str().to_string(),
+                    }
+                }
+                Lookup::None => {
+                    let e = refused.unwrap_or_else(|| {
+                        Error::new(
+                            ErrorCode::Unauthenticated,
+                            "could not fetch the source relay's key",
+                        )
+                    });
+                    return Step::Respond(Response::error(&e));
+                }
+                Lookup::Busy => {
+                    let mut d = Object::new();
+                    d.insert("retry_after", 1000u64);
+                    let e = Error::new(
+                        ErrorCode::Unavailable,
+                        "too many key fetches in flight; retry",
+                    )
+                    .with_data(Value::Object(d));
+                    return Step::Respond(Response::error(&e));
+                }
+            }
+        }
+    }
+
+    /// Reports what became of a [`Step::FetchKey`] (every one the host started).
+    pub fn key_fetched(&mut self, relay: &str, fetch: Fetch, now: u64) {
+        let network = self.engine.config().network.clone();
+        let key = match (RelayId::parse(relay), fetch) {
+            (Ok(id), Fetch::Answered(200, body)) => {
+                relay_request::parse_well_known(&body, &id, &network).ok()
+            }
+            _ => None,
+        };
+        self.keys.fetched(relay, key, now);
+    }
+
+    fn upgrade(&mut self, req: &Request, now: u64) -> Step {
+        let Some(token) = req.bearer().or_else(|| req.query_param("session")) else {
+            return Step::Respond(Response::fail(
+                ErrorCode::Unauthenticated,
+                "a session is required",
+            ));
+        };
+        match self.engine.session_info(token, now) {
+            Ok(i) => Step::Upgrade(Upgrade {
+                token: token.to_string(),
+                account: i.account,
+                device_id: i.device_id,
+                expires_at: i.expires_at,
+            }),
+            Err(e) => Step::Respond(Response::error(&e)),
+        }
+    }
+
+    /// Handles one text message of a WebSocket opened with [`Step::Upgrade`] for `token`.
+    pub fn message(&mut self, token: &str, origin: Option<&str>, text: &str, now: u64) -> Answer {
+        let f = match frame::parse(text.as_bytes()) {
+            Ok(f) => f,
+            Err((id, e)) => {
+                return Answer {
+                    text: socket::answer_frame(id, e.code.http_status(), &error_bytes(&e)),
+                    close: None,
+                    effects: Vec::new(),
+                }
+            }
+        };
+        let m = match Method::through(&f.method, Door::Client) {
+            Ok(m) => m,
+            Err(e) => {
+                return Answer {
+                    text: socket::answer_frame(f.id, e.code.http_status(), &error_bytes(&e)),
+                    close: None,
+                    effects: Vec::new(),
+                }
+            }
+        };
+        let r = self.call(
+            &Caller::Session(token.to_string()),
+            origin,
+            m,
+            &f.params,
+            now,
+        );
+        Answer {
+            text: socket::answer_frame(f.id, r.status, &r.body),
+            close: (r.status == 401).then_some((socket::SESSION_CLOSED, socket::ENDED)),
+            effects: std::mem::take(&mut { r }.effects),
+        }
+    }
+
+    /// Reports what became of an [`Event::Send`].
+    pub fn fetched(&mut self, task: &str, attempt: u32, fetch: Fetch, now: u64) -> Vec<Event> {
+        let effects = self
+            .engine
+            .outcome(task, attempt, outbound::classify(fetch), now);
+        self.events(effects, now)
+    }
+
+    /// Runs what is due at `now`; the events end with the next wake-up, if any.
+    pub fn tick(&mut self, now: u64) -> Tick {
+        let r = self.engine.try_tick(now);
+        let mut error = None;
+        let mut quarantined = Vec::new();
+        match &r.result {
+            Err(e) => error = Some(e.to_string()),
+            Ok(v) => {
+                if let Some(Value::Array(a)) = v.as_object().and_then(|o| o.get("quarantined")) {
+                    quarantined = a.iter().map(canonical::to_string).collect();
+                }
+            }
+        }
+        let mut events = self.events(r.effects, now);
+        if !events.iter().any(|e| matches!(e, Event::WakeAt(_))) {
+            match self.engine.next_wake() {
+                Ok(Some(at)) => events.push(Event::WakeAt(at)),
+                Ok(None) => {}
+                Err(e) => {
+                    error.get_or_insert_with(|| format!("the next wake-up could not be read: {e}"));
+                }
+            }
+        }
+        Tick {
+            events,
+            quarantined,
+            error,
+        }
+    }
+
+    /// Calls a method for a caller the transport authenticated.
+    pub fn call(
+        &mut self,
+        caller: &Caller,
+        origin: Option<&str>,
+        method: Method,
+        params: &[u8],
+        now: u64,
+    ) -> Response {
+        let r = self
+            .engine
+            .call_from(caller, origin, method.as_str(), params, now);
+        let (status, body) = (r.http_status(), r.body());
+        let events = self.events(r.effects, now);
+        Response::json(status, body, events)
+    }
+
+    /// The host-facing form of engine effects: sends are signed here.
+    pub fn events(&mut self, effects: Vec<Effect>, now: u64) -> Vec<Event> {
+        effects
+            .into_iter()
+            .map(|e| match e {
+                Effect::Send {
+                    task,
+                    attempt,
+                    target,
+                    method,
+                    body,
+                } => {
+                    let mut nonce = [0u8; 16];
+                    self.engine.random(&mut nonce);
+                    let c = self.engine.config();
+                    let h = outbound::sign(
+                        &self.key, &c.network, &c.relay, &target, method, &body, now, &nonce,
+                    );
+                    let timeout_ms = (c.attempt_timeout * 2 / 3).clamp(1, MAX_EXCHANGE_MS);
+                    Event::Send(PeerRequest {
+                        task,
+                        attempt,
+                        url: outbound::url(&target, method),
+                        target: target.as_str().to_string(),
+                        headers: outbound::headers(&h),
+                        body,
+                        timeout_ms,
+                    })
+                }
+                Effect::WakeAt(at) => Event::WakeAt(at),
+                Effect::Notify {
+                    account,
+                    latest_seq,
+                } => Event::Notify {
+                    frame: socket::notification(&account, latest_seq),
+                    account,
+                    latest_seq,
+                },
+                Effect::EndDeviceSessions { account, device_id } => Event::Close {
+                    account,
+                    device_id,
+                    code: socket::SESSION_CLOSED,
+                    reason: socket::REVOKED,
+                },
+                Effect::DeliveryEnded {
+                    from,
+                    message_id,
+                    to,
+                    status,
+                    error_code,
+                } => Event::DeliveryEnded {
+                    from,
+                    message_id,
+                    to,
+                    status,
+                    error_code,
+                },
+            })
+            .collect()
+    }
+}
+
+fn error_bytes(e: &Error) -> Vec<u8> {
+    canonical::to_vec(&engine::error_body(e))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,108 @@
+//! WebSocket messages as the core sees them (protocol.md §6): request frames in, answer
+//! frames, notifications and close directives out.
+//!
+//! The host owns the WebSocket protocol itself (upgrade, masking, ping/pong, fragments,
+//! 1002/1007/1009 for broken frames); every text message goes to the core whole.
+
+use super::Event;
+use crate::wire::canonical;
+use crate::wire::json::{self, Object, Value};
+
+/// Close code for a session that ended (expired, revoked, or refused mid-socket).
+pub const SESSION_CLOSED: u16 = 4401;
+/// Close reason when the session's `expires_at` passes.
+pub const EXPIRED: &str = "session expired";
+/// Close reason when a call on the socket finds the session gone.
+pub const ENDED: &str = "session ended";
+/// Close reason when the device was revoked.
+pub const REVOKED: &str = "device revoked";
+
+/// Who a WebSocket belongs to, decided at the upgrade.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upgrade {
+    /// The session token the socket calls with.
+    pub token: String,
+    /// Its account: notifications for it go to this socket.
+    pub account: String,
+    /// Its device: revoking it closes this socket.
+    pub device_id: String,
+    /// When the session expires: the host closes the socket then with
+    /// [`SESSION_CLOSED`], [`EXPIRED`].
+    pub expires_at: u64,
+}
+
+/// The core's answer to one text message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    /// The answer frame to send.
+    pub text: String,
+    /// Close the socket after it, with this code and reason.
+    pub close: Option<(u16, &'static str)>,
+    /// What the host must do once the answer is on its way.
+    pub effects: Vec<Event>,
+}
+
+/// An answer frame: `{"id", "result"}` or `{"id", "error"}` from a call's status and body.
+pub fn answer_frame(id: Value, status: u16, body: &[u8]) -> String {
+    let mut o = Object::new();
+    o.insert("id", id);
+    let v = json::parse(body).unwrap_or(Value::Null);
+    if status == 200 {
+        o.insert("result", v);
+    } else {
+        let e = v
+            .as_object()
+            .and_then(|o| o.get("error"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        o.insert("error", e);
+    }
+    canonical::to_string(&Value::Object(o))
+}
+
+/// The frame id of a text message, when it can be read (for an answer the core did not
+/// give, such as "busy"); `null` otherwise.
+pub fn frame_id(text: &str) -> Value {
+    match crate::wire::frame::parse(text.as_bytes()) {
+        Ok(f) => f.id,
+        Err((id, _)) => id,
+    }
+}
+
+/// The answer frame a host sends when its queue of work for the core is full.
+pub fn busy_frame(text: &str) -> String {
+    answer_frame(frame_id(text), 503, super::http::BUSY)
+}
+
+/// The `message.timeline.changed` notification for an account.
+pub fn notification(account: &str, latest_seq: u64) -> String {
+    let mut p = Object::new();
+    p.insert("account", account);
+    p.insert("latest_seq", latest_seq);
+    let mut o = Object::new();
+    o.insert("method", "message.timeline.changed");
+    o.insert("params", p);
+    canonical::to_string(&Value::Object(o))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames() {
+        assert_eq!(
+            answer_frame(Value::from(7u64), 200, br#"{"a":1}"#),
+            r#"{"id":7,"result":{"a":1}}"#
+        );
+        assert_eq!(
+            busy_frame(r#"{"id":"x","method":"m","params":{}}"#),
+            r#"{"error":{"code":"unavailable","data":{"retry_after":1000},"message":"the relay is busy; retry"},"id":"x"}"#
+        );
+        assert!(busy_frame("garbage").starts_with(r#"{"error""#));
+        assert_eq!(
+            notification("a", 3),
+            r#"{"method":"message.timeline.changed","params":{"account":"a","latest_seq":3}}"#
+        );
+    }
+}

@@ -1,0 +1,374 @@
+//! The transport on its own: two relays in memory, requests as a host would hand them over.
+
+use super::*;
+use crate::engine::{Config, MemoryStore, PeerMethod};
+
+type Counter = Box<dyn FnMut(&mut [u8])>;
+type Mem = Relay<MemoryStore, Counter>;
+
+const A: &str = "http://a.example";
+const B: &str = "http://b.example";
+const TOKEN: &str = "operator-token";
+const T0: u64 = 1_700_000_000_000;
+
+/// A relay whose entropy is a counter from `seed`: every run replays exactly.
+fn relay(id: &str, seed: u8) -> Mem {
+    let config = Config::new(RelayId::parse(id).unwrap(), "dev");
+    let mut n = seed as u64;
+    let entropy: Counter = Box::new(move |buf: &mut [u8]| {
+        for b in buf.iter_mut() {
+            n = n
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            *b = (n >> 56) as u8;
+        }
+    });
+    let mut engine = Engine::new(config, MemoryStore::default(), entropy);
+    engine.open_store().unwrap();
+    Relay::new(engine, &[seed; 32], Some(TOKEN))
+}
+
+fn req(listener: Listener, method: &str, path: &str, body: &[u8]) -> Request {
+    Request {
+        listener,
+        method: method.into(),
+        path: path.into(),
+        query: String::new(),
+        headers: Vec::new(),
+        body: body.to_vec(),
+        origin: Some("192.0.2.1".into()),
+    }
+}
+
+fn respond(s: Step) -> Response {
+    match s {
+        Step::Respond(r) => r,
+        other => panic!("expected an answer, got {other:?}"),
+    }
+}
+
+fn code(r: &Response) -> String {
+    let v = json::parse(&r.body).unwrap();
+    let e = v
+        .as_object()
+        .unwrap()
+        .get("error")
+        .unwrap()
+        .as_object()
+        .unwrap();
+    e.get("code").unwrap().as_str().unwrap().to_string()
+}
+
+/// A signed relay request from `from` to `to` as `from`'s transport builds it.
+fn relay_request(from: &mut Mem, to: &str, method: PeerMethod, body: &[u8], now: u64) -> Request {
+    let events = from.events(
+        vec![Effect::Send {
+            task: "t".into(),
+            attempt: 1,
+            target: RelayId::parse(to).unwrap(),
+            method,
+            body: body.to_vec(),
+        }],
+        now,
+    );
+    let Event::Send(p) = &events[0] else {
+        panic!("not a send: {events:?}")
+    };
+    let path = p.url.strip_prefix(to).unwrap().to_string();
+    let mut r = req(Listener::Public, "POST", &path, &p.body);
+    r.headers = p
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+        .collect();
+    r
+}
+
+const ROUTE_GET: &[u8] = br#"{"account":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#;
+
+#[test]
+fn well_known_and_unknown_endpoints() {
+    let mut a = relay(A, 1);
+    let r = respond(a.handle(&req(Listener::Public, "GET", "/.well-known/relay", b""), T0));
+    assert_eq!(r.status, 200);
+    let id = RelayId::parse(A).unwrap();
+    assert_eq!(
+        relay_request::parse_well_known(&r.body, &id, "dev").unwrap(),
+        a.public_key()
+    );
+    for (m, p) in [
+        ("GET", "/v1/message.send"),
+        ("POST", "/nowhere"),
+        ("POST", "/v1/"),
+        ("POST", "/v1/a/b"),
+        ("POST", "/admin/v1/deliveries"),
+    ] {
+        let r = respond(a.handle(&req(Listener::Public, m, p, b"{}"), T0));
+        assert_eq!((r.status, code(&r).as_str()), (404, "not_found"), "{m} {p}");
+    }
+}
+
+#[test]
+fn the_body_is_judged_before_the_door() {
+    let mut a = relay(A, 1);
+    let r = respond(a.handle(
+        &req(Listener::Public, "POST", "/v1/route.get", b"{\"a\":"),
+        T0,
+    ));
+    assert_eq!(r.status, 400);
+    let r = respond(a.handle(
+        &req(Listener::Public, "POST", "/relay/v1/route.get", b"[]"),
+        T0,
+    ));
+    assert_eq!(r.status, 400);
+}
+
+#[test]
+fn admin_methods_only_through_the_operator_door() {
+    let mut a = relay(A, 1);
+    let r = respond(a.handle(
+        &req(Listener::Public, "POST", "/v1/admin.deliveries", b"{}"),
+        T0,
+    ));
+    assert_eq!((r.status, code(&r).as_str()), (404, "not_found"));
+    let mut op = req(Listener::Admin, "POST", "/admin/v1/deliveries", b"{}");
+    let r = respond(a.handle(&op, T0));
+    assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
+    op.headers = vec![("authorization".into(), "Bearer wrong".into())];
+    assert_eq!(respond(a.handle(&op, T0)).status, 401);
+    op.headers = vec![("authorization".into(), format!("Bearer {TOKEN}"))];
+    assert_eq!(respond(a.handle(&op, T0)).status, 200);
+    let mut backup = req(
+        Listener::Admin,
+        "POST",
+        "/admin/v1/backup",
+        br#"{"path":"/tmp/x.db"}"#,
+    );
+    backup.headers = op.headers.clone();
+    assert_eq!(
+        a.handle(&backup, T0),
+        Step::Backup {
+            path: "/tmp/x.db".into()
+        }
+    );
+    backup.body = br#"{"path":"x.db"}"#.to_vec();
+    assert_eq!(respond(a.handle(&backup, T0)).status, 400);
+    // Client methods are not the operator's.
+    let mut other = req(Listener::Admin, "POST", "/admin/v1/message.send", b"{}");
+    other.headers = op.headers.clone();
+    assert_eq!(respond(a.handle(&other, T0)).status, 404);
+}
+
+#[test]
+fn a_relay_request_fetches_the_key_once_then_authenticates() {
+    let mut a = relay(A, 1);
+    let mut b = relay(B, 2);
+    let first = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    let second = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    let fetch = Step::FetchKey {
+        relay: A.into(),
+        url: format!("{A}/.well-known/relay"),
+    };
+    assert_eq!(b.handle(&first, T0), fetch);
+    // Another request meanwhile waits for the same fetch.
+    assert_eq!(b.handle(&second, T0), fetch);
+    assert_eq!(b.key_fetches(), 1);
+    b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0 + 5);
+    // Authenticated: route.get answers (no route here), not 401.
+    let r = respond(b.handle(&first, T0 + 6));
+    assert_eq!((r.status, code(&r).as_str()), (404, "not_found"));
+    let r = respond(b.handle(&second, T0 + 6));
+    assert_eq!(r.status, 404);
+    // A replay is refused, and the refusal does not start a fetch within the interval.
+    let r = respond(b.handle(&first, T0 + 7));
+    assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
+    assert_eq!(b.key_fetches(), 1);
+}
+
+#[test]
+fn relay_requests_are_checked_before_any_fetch() {
+    let mut a = relay(A, 1);
+    let mut b = relay(B, 2);
+    let mut r = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    // Not a relay method.
+    r.path = "/relay/v1/message.send".into();
+    assert_eq!(respond(b.handle(&r, T0)).status, 404);
+    // Headers missing.
+    let mut bare = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    bare.headers.retain(|(k, _)| k != "relay-nonce");
+    assert_eq!(respond(b.handle(&bare, T0)).status, 401);
+    // Stale timestamp.
+    let old = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    assert_eq!(respond(b.handle(&old, T0 + 3_600_000)).status, 401);
+    assert_eq!(b.key_fetches(), 0);
+    // Addressed to another relay: only the signature, which covers `to`, can tell.
+    let elsewhere = relay_request(
+        &mut a,
+        "http://c.example",
+        PeerMethod::RouteGet,
+        ROUTE_GET,
+        T0,
+    );
+    assert!(matches!(b.handle(&elsewhere, T0), Step::FetchKey { .. }));
+    b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0);
+    let r = respond(b.handle(&elsewhere, T0));
+    assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
+}
+
+#[test]
+fn a_failed_fetch_is_remembered_and_fetches_are_capped() {
+    let mut a = relay(A, 1);
+    let mut b = relay(B, 2);
+    let r1 = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    assert!(matches!(b.handle(&r1, T0), Step::FetchKey { .. }));
+    b.key_fetched(A, Fetch::NotSent, T0);
+    let r = respond(b.handle(&r1, T0 + 1));
+    assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
+    let r2 = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0 + 2);
+    assert_eq!(respond(b.handle(&r2, T0 + 2)).status, 401);
+    assert_eq!(b.key_fetches(), 1);
+    // A document naming another relay is a failure too.
+    let mut c = relay("http://c.example", 3);
+    let rc = relay_request(&mut c, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    assert!(matches!(b.handle(&rc, T0), Step::FetchKey { .. }));
+    b.key_fetched("http://c.example", Fetch::Answered(200, a.well_known()), T0);
+    assert_eq!(respond(b.handle(&rc, T0 + 1)).status, 401);
+    // Eight relays' fetches in flight: the ninth is told to come back.
+    for i in 0..keys::FETCH_CONCURRENCY {
+        let id = format!("http://r{i}.example");
+        let mut r = relay(&id, 10 + i as u8);
+        let q = relay_request(&mut r, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+        assert!(matches!(b.handle(&q, T0), Step::FetchKey { .. }));
+    }
+    let mut late = relay("http://late.example", 99);
+    let q = relay_request(&mut late, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    let r = respond(b.handle(&q, T0));
+    assert_eq!((r.status, code(&r).as_str()), (503, "unavailable"));
+    assert!(r.headers.contains(&("retry-after", "1".to_string())));
+}
+
+#[test]
+fn a_key_that_no_longer_verifies_is_refreshed_once_per_interval() {
+    let mut a = relay(A, 1);
+    let mut b = relay(B, 2);
+    let r1 = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    assert!(matches!(b.handle(&r1, T0), Step::FetchKey { .. }));
+    b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0);
+    assert_eq!(respond(b.handle(&r1, T0)).status, 404);
+    // A rotates its key (same id, new seed).
+    let mut a2 = relay(A, 7);
+    let later = T0 + keys::FETCH_INTERVAL;
+    let r2 = relay_request(&mut a2, B, PeerMethod::RouteGet, ROUTE_GET, later);
+    assert!(matches!(b.handle(&r2, later), Step::FetchKey { .. }));
+    b.key_fetched(A, Fetch::Answered(200, a2.well_known()), later);
+    assert_eq!(respond(b.handle(&r2, later)).status, 404);
+    assert_eq!(b.key_fetches(), 2);
+}
+
+#[test]
+fn outbound_requests_are_signed_and_replay_exactly() {
+    let mut a = relay(A, 1);
+    let mut a_again = relay(A, 1);
+    let send = |r: &mut Mem| {
+        r.events(
+            vec![Effect::Send {
+                task: "task".into(),
+                attempt: 3,
+                target: RelayId::parse(B).unwrap(),
+                method: PeerMethod::Deliver,
+                body: b"{}".to_vec(),
+            }],
+            T0,
+        )
+    };
+    let one = send(&mut a);
+    assert_eq!(one, send(&mut a_again), "same inputs, same bytes");
+    let Event::Send(p) = &one[0] else { panic!() };
+    assert_eq!(p.url, format!("{B}/relay/v1/message.deliver"));
+    assert_eq!(p.timeout_ms, 20_000);
+    let names: Vec<_> = p.headers.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        names,
+        [
+            "content-type",
+            "Relay-Id",
+            "Relay-Timestamp",
+            "Relay-Nonce",
+            "Relay-Signature"
+        ]
+    );
+    // Nonces differ from one request to the next.
+    assert_ne!(one, send(&mut a));
+}
+
+#[test]
+fn websocket_upgrade_and_messages() {
+    let mut a = relay(A, 1);
+    let r = respond(a.handle(&req(Listener::Public, "GET", "/v1/ws", b""), T0));
+    assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
+    let mut up = req(Listener::Public, "GET", "/v1/ws", b"");
+    up.query = "session=nope".into();
+    assert_eq!(respond(a.handle(&up, T0)).status, 401);
+
+    let garbage = a.message("tok", None, "not json", T0);
+    assert!(garbage.text.starts_with(r#"{"error""#) && garbage.text.ends_with(r#""id":null}"#));
+    assert_eq!(garbage.close, None);
+    let admin = a.message(
+        "tok",
+        None,
+        r#"{"id":1,"method":"admin.deliveries","params":{}}"#,
+        T0,
+    );
+    assert!(admin.text.contains("not_found"), "{}", admin.text);
+    let ended = a.message(
+        "tok",
+        None,
+        r#"{"id":"x","method":"message.timeline.sync","params":{}}"#,
+        T0,
+    );
+    assert_eq!(ended.close, Some((4401, "session ended")));
+    assert!(ended.text.contains(r#""id":"x""#));
+}
+
+#[test]
+fn a_tick_reports_its_next_wake_up() {
+    let mut a = relay(A, 1);
+    let t = a.tick(T0);
+    assert_eq!(t.error, None);
+    assert!(t.quarantined.is_empty());
+    assert!(t.events.iter().all(|e| matches!(e, Event::WakeAt(_))));
+}
+
+#[test]
+fn notifications_and_revocations_become_frames_and_closes() {
+    let mut a = relay(A, 1);
+    let e = a.events(
+        vec![
+            Effect::Notify {
+                account: "acc".into(),
+                latest_seq: 9,
+            },
+            Effect::EndDeviceSessions {
+                account: "acc".into(),
+                device_id: "dev".into(),
+            },
+        ],
+        T0,
+    );
+    assert_eq!(
+        e,
+        vec![
+            Event::Notify {
+                account: "acc".into(),
+                latest_seq: 9,
+                frame: r#"{"method":"message.timeline.changed","params":{"account":"acc","latest_seq":9}}"#.into(),
+            },
+            Event::Close {
+                account: "acc".into(),
+                device_id: "dev".into(),
+                code: 4401,
+                reason: "device revoked",
+            },
+        ]
+    );
+}
