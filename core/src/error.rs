@@ -10,22 +10,39 @@ use std::fmt;
 /// A protocol error code, as written on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ErrorCode {
+    /// `invalid_params` (400): malformed request, bad encoding, object constraints or wrong network.
     InvalidParams,
+    /// `payload_too_large` (413): over the relay's size limits (request bytes, devices or device records per account).
     PayloadTooLarge,
+    /// `unauthenticated` (401): no or expired session, a failed session open, or bad relay authentication.
     Unauthenticated,
+    /// `permission_denied` (403): the device lacks the permission, or acts for another account.
     PermissionDenied,
+    /// `invalid_signature` (400): an envelope, certificate or other object signature does not verify.
     InvalidSignature,
+    /// `invalid_certificate` (400): a certificate's binding, validity window or network is wrong.
     InvalidCertificate,
+    /// `clock_skew` (400): `created_at` or `ts` is beyond now + clock tolerance; sources retry it.
     ClockSkew,
+    /// `message_expired` (410): beyond the delivery age limit, or the result's retention ended.
     MessageExpired,
+    /// `authorization_invalid` (403): a bad, expired, revoked, used-up or mis-bound grant or invite.
     AuthorizationInvalid,
+    /// `discovery_disabled` (403): no authorization and the recipient is not discoverable.
     DiscoveryDisabled,
+    /// `device_unknown` (409): no recipient box names a valid device of the recipient.
     DeviceUnknown,
+    /// `not_home_relay` (421): the account is not served here; `data.route` carries the highest route known.
     NotHomeRelay,
+    /// `state_conflict` (409): same `(from, message_id)` with other content, or a conflicting route or certificate.
     StateConflict,
+    /// `rate_limited` (429): a rate limit refused the call; `data.retry_after` (ms) says when to try again.
     RateLimited,
+    /// `not_found` (404): unknown message, account, route, method or endpoint.
     NotFound,
+    /// `unavailable` (503): temporarily unable (relay full, too many key fetches, a redirect); retry later.
     Unavailable,
+    /// `internal` (500): a bug or storage fault; the operation was not committed.
     Internal,
 }
 
@@ -112,8 +129,11 @@ impl fmt::Display for ErrorCode {
 /// A protocol error: `{code, message, data?}`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Error {
+    /// The machine-readable code, which decides the HTTP status and a source's reaction.
     pub code: ErrorCode,
+    /// A human-readable explanation, saying what is wrong and where.
     pub message: String,
+    /// Structured details when the code defines them (`route`, `retry_after`, `last_error`).
     pub data: Option<Value>,
 }
 

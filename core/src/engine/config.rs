@@ -7,13 +7,21 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Policies {
+    /// Allowed clock difference, in ms: how far a `ts`, `created_at` or `issued_at` may lie beyond now (and a `ts` behind it).
     pub clock_tolerance: u64,
+    /// How long after `created_at` a message may still be accepted or delivered, in ms.
     pub message_delivery_age_limit: u64,
+    /// How long timeline records and results are kept, and an unused route of an account served elsewhere, in ms.
     pub message_retention: u64,
+    /// Largest request body or WebSocket message, in bytes.
     pub max_request_bytes: u64,
+    /// Most key boxes in one box list (`recipient_boxes`, `sender_boxes`); more is `invalid_params`.
     pub max_boxes: u64,
+    /// Most active devices per account (`payload_too_large` beyond).
     pub max_devices: u64,
+    /// Delivery backoff's floor and first step, in ms; also the revival step's period.
     pub retry_initial: u64,
+    /// Delivery backoff's ceiling, in ms.
     pub retry_max: u64,
     /// Per account per minute.
     pub send_rate: u64,
@@ -21,6 +29,7 @@ pub struct Policies {
     pub deliver_rate: u64,
     /// Per recipient account per minute.
     pub deliver_rate_per_account: u64,
+    /// Session lifetime from the open's `ts`, in ms (cut short by the certificate's expiry).
     pub session_ttl: u64,
     /// Per caller network address per minute, for every call without credentials
     /// (`account.register`, `session.open`, `route.get`, `route.publish`); in memory.
@@ -103,6 +112,7 @@ pub struct Config {
     pub relay: RelayId,
     /// The network it serves.
     pub network: String,
+    /// The policies, as published in `/.well-known/relay`.
     pub policies: Policies,
     /// How long an attempt may stay unanswered before it counts as an unknown outcome.
     pub attempt_timeout: u64,

@@ -270,8 +270,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         let send_key = k::sent(&t.from, &t.message_id);
         if let Some(mut r) = self.txn.get::<SendRec>(&send_key)? {
-            if !Status::parse(&r.status).is_some_and(Status::is_terminal) {
-                r.status = status.as_str().to_string();
+            if !r.status.is_terminal() {
+                r.status = status;
                 r.target_accepted_at = target_accepted_at;
                 r.error = error;
                 self.txn.put(send_key, &r);

@@ -26,25 +26,45 @@ impl PeerMethod {
 pub enum Effect {
     /// Call `method` on `target` with `body` (exact bytes), then report with `Engine::outcome`.
     Send {
+        /// The delivery task (`{from}.{message_id}`), to name when reporting the outcome.
         task: String,
+        /// The task's attempt number, so a late outcome of an older attempt is ignored.
         attempt: u32,
+        /// The peer relay to call.
         target: RelayId,
+        /// The relay method to call there.
         method: PeerMethod,
+        /// The request body, to send byte for byte (every retry sends the same bytes).
         body: Vec<u8>,
     },
     /// Call `Engine::tick` at (or after) this time; replaces any earlier wake-up request.
     WakeAt(u64),
     /// Push `message.timeline.changed` to the account's connected devices.
-    Notify { account: String, latest_seq: u64 },
+    Notify {
+        /// The account whose timeline grew.
+        account: String,
+        /// The sequence of its newest timeline record.
+        latest_seq: u64,
+    },
     /// Close this device's sessions and WebSockets (it was revoked).
-    EndDeviceSessions { account: String, device_id: String },
+    EndDeviceSessions {
+        /// The account of the revoked device.
+        account: String,
+        /// The revoked device.
+        device_id: String,
+    },
     /// A delivery this relay was responsible for ended (for the host's log and metrics):
     /// `status` is `target_accepted` or `failed`, `error_code` the failure's code.
     DeliveryEnded {
+        /// The sending account.
         from: String,
+        /// The message's id.
         message_id: String,
+        /// The recipient account.
         to: String,
+        /// `target_accepted` or `failed`.
         status: &'static str,
+        /// The failure's code (a protocol code or `deadline_exceeded`); `None` on success.
         error_code: Option<String>,
     },
 }

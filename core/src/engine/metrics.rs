@@ -64,6 +64,7 @@ impl Counters {
 /// Pending deliveries at one destination (or `other`, the sum beyond the top ones).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
+    /// The destination relay's id, or `other`.
     pub destination: String,
     /// Tasks not yet ended (waiting, parked or in flight).
     pub pending: u64,
@@ -74,6 +75,7 @@ pub struct Pending {
 /// Everything the engine reports.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Metrics {
+    /// Monotonic counts since the engine started.
     pub counters: Counters,
     /// The [`TOP_DESTINATIONS`] destinations with most pending deliveries, then `other`.
     pub pending: Vec<Pending>,

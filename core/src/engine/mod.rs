@@ -67,7 +67,9 @@ pub enum Caller {
 /// entries): read an answer through [`Response::body`], as a client does.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Response {
+    /// The result object, or the protocol error (then nothing was committed).
     pub result: Result<Value, Error>,
+    /// What the host must do now that the operation committed, in order.
     pub effects: Vec<Effect>,
 }
 
@@ -132,8 +134,11 @@ fn known_method(method: &str) -> String {
 /// Who holds a session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionInfo {
+    /// The account the session acts for.
     pub account: String,
+    /// The device that opened it.
     pub device_id: String,
+    /// When it expires, Unix ms: the earlier of `ts + session_ttl` and the certificate's expiry.
     pub expires_at: u64,
 }
 

@@ -6,6 +6,7 @@
 //! over it, instead of escaping every quote of it into a string and
 //! unescaping it again (that was about a sixth of the wasm time of a send).
 
+use super::status::Status;
 use crate::wire::json::Value;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
@@ -24,27 +25,27 @@ impl Canon {
     /// The text is not parsed again: it comes from the canonical writer, which only
     /// writes JSON. Building a `RawValue` parsed it once more (about a twentieth of a
     /// send's wasm time); the record tests check the text is written verbatim.
-    pub fn new(text: String) -> Canon {
+    pub(crate) fn new(text: String) -> Canon {
         Canon(text)
     }
 
     /// The text (empty when none is held).
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 
     /// The text's bytes.
-    pub fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         self.0.as_bytes()
     }
 
     /// Whether no text is held.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// The text as a value an answer writes verbatim (`null` when none is held).
-    pub fn into_value(self) -> Value {
+    pub(crate) fn into_value(self) -> Value {
         if self.0.is_empty() {
             return Value::Null;
         }
@@ -115,7 +116,7 @@ pub(crate) struct DeviceRec {
 
 impl DeviceRec {
     /// A device revoked before it ever registered: no certificate, no permissions.
-    pub fn revoked_unregistered() -> DeviceRec {
+    pub(crate) fn revoked_unregistered() -> DeviceRec {
         DeviceRec {
             cert: Canon::default(),
             issued_at: 0,
@@ -175,7 +176,7 @@ pub(crate) struct ErrorRec {
 pub(crate) struct SendRec {
     pub hash: String,
     pub to: String,
-    pub status: String,
+    pub status: Status,
     pub accepted_at: u64,
     pub deadline: u64,
     pub retain_until: u64,
@@ -208,7 +209,7 @@ pub(crate) enum TaskState {
 
 impl TaskState {
     /// The state's wire spelling, as serde writes it in records.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TaskState::Waiting => "waiting",
             TaskState::Parked => "parked",

@@ -162,7 +162,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let mut rec = SendRec {
             hash,
             to: to.clone(),
-            status: Status::Delivering.as_str().to_string(),
+            status: Status::Delivering,
             accepted_at: self.now,
             deadline,
             retain_until,
@@ -198,7 +198,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 &recipient_boxes,
                 Some((from_acct, visible)),
             )?;
-            rec.status = Status::TargetAccepted.as_str().to_string();
+            rec.status = Status::TargetAccepted;
             rec.target_accepted_at = Some(self.now);
             Counters::bump(&mut self.counts.accepted, "self");
             self.txn.put(send_key, &rec);

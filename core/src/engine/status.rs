@@ -4,11 +4,15 @@ use super::records::{ErrorRec, RecvRec, SendRec};
 use crate::wire::field::Fields;
 use crate::wire::json::{self, Object, Value};
 
-/// A delivery's status value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A delivery's status value (stored in send records by its wire spelling).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Status {
+    /// Accepted by the source; the delivery is still being attempted.
     Delivering,
+    /// The destination accepted the message (terminal).
     TargetAccepted,
+    /// The delivery ended without acceptance; `error` says why (terminal).
     Failed,
 }
 

@@ -17,9 +17,9 @@ use crate::wire::key_box::KeyBox;
 use crate::{Error, ErrorCode};
 
 /// Largest `limit` of one sync page.
-pub const MAX_SYNC_LIMIT: u64 = 500;
+pub(crate) const MAX_SYNC_LIMIT: u64 = 500;
 /// `limit` when the request has none.
-pub const DEFAULT_SYNC_LIMIT: u64 = 100;
+pub(crate) const DEFAULT_SYNC_LIMIT: u64 = 100;
 
 /// The record kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,12 +14,19 @@ use super::signature::{SignatureError, SignedObject};
 pub struct ContactGrant {
     raw: Object,
     sig: [u8; 64],
+    /// The network the grant is valid on; must be the relay's own.
     pub network: String,
+    /// Base64url random id (16 to 32 bytes), the handle `contact.revoke` names.
     pub grant_id: String,
+    /// The account that grants (the recipient); its key signs the grant.
     pub grantor: AccountId,
+    /// The account allowed to send to the grantor.
     pub grantee: AccountId,
+    /// Issuance time, Unix ms; refused if beyond now + clock tolerance.
     pub issued_at: u64,
+    /// End of validity, Unix ms (exclusive); absent means the grant never expires.
     pub expires_at: Option<u64>,
+    /// The grantor's signed route, so a sender can pass it on as `recipient_route`.
     pub route: Option<Route>,
 }
 
@@ -28,34 +35,47 @@ pub struct ContactGrant {
 pub struct ContactInvite {
     raw: Object,
     sig: [u8; 64],
+    /// The network the invite is valid on; must be the relay's own.
     pub network: String,
+    /// Base64url random id (16 to 32 bytes), the handle `contact.revoke` and use counts name.
     pub invite_id: String,
+    /// The account that invites (the recipient); its key signs the invite.
     pub issuer: AccountId,
+    /// Issuance time, Unix ms; refused if beyond now + clock tolerance.
     pub issued_at: u64,
+    /// End of validity, Unix ms (exclusive); required, so an invite cannot be open-ended.
     pub expires_at: u64,
+    /// How many distinct sender accounts may use it (at least 1); absent means unlimited.
     pub max_uses: Option<u64>,
+    /// The issuer's signed route, so a sender can pass it on as `recipient_route`.
     pub route: Option<Route>,
 }
 
 /// The `authorization` member of message.send and message.deliver.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Authorization {
+    /// A `contact_grant`: one named sender may deliver.
     Grant(ContactGrant),
+    /// A `contact_invite`: any holder may deliver, within `max_uses`.
     Invite(ContactInvite),
 }
 
 /// Why an authorization does not let `from` deliver to `to`; `authorization_invalid` on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AuthorizationError {
+    /// Issued for another network than this relay's.
     WrongNetwork,
     /// Not issued by the recipient, or (a grant) not to the sender.
     Binding,
+    /// The issuer's signature does not verify.
     Signature(SignatureError),
     /// The embedded route is not the issuer's valid route.
     Route,
     /// Issued beyond now + tolerance.
     NotYetValid,
+    /// Now is at or past `expires_at`.
     Expired,
+    /// The issuer revoked its id with `contact.revoke`.
     Revoked,
     /// An invite used by `max_uses` other sender accounts.
     UsedUp,

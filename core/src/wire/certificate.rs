@@ -9,8 +9,11 @@ use std::fmt;
 /// Device permissions named in a certificate; unknown strings are ignored.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Permissions {
+    /// `"send"`: the device may call `message.send`.
     pub send: bool,
+    /// `"sync"`: the device may call `message.timeline.sync`.
     pub sync: bool,
+    /// `"manage"`: the device may manage the account (devices, contacts, settings).
     pub manage: bool,
 }
 
@@ -19,13 +22,21 @@ pub struct Permissions {
 pub struct DeviceCertificate {
     raw: Object,
     sig: [u8; 64],
+    /// The network the certificate is valid on.
     pub network: String,
+    /// The account whose key signs the certificate and for which the device acts.
     pub account: AccountId,
+    /// The device's id; must be derived from `device_key` (identity binding).
     pub device_id: DeviceId,
+    /// The device's Ed25519 public key, which signs its envelopes and session opens.
     pub device_key: [u8; 32],
+    /// The device's X25519 public key, to which senders seal its key boxes.
     pub box_key: [u8; 32],
+    /// What the device may do; unknown permission strings are dropped.
     pub permissions: Permissions,
+    /// Issuance time, Unix ms; a later certificate replaces an earlier one of the device.
     pub issued_at: u64,
+    /// End of validity, Unix ms (exclusive); absent means it never expires.
     pub expires_at: Option<u64>,
 }
 

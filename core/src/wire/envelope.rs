@@ -18,12 +18,19 @@ pub struct MessageEnvelope {
     sig: [u8; 64],
     text: OnceCell<String>,
     verified_under: Cell<Option<[u8; 32]>>,
+    /// The network the message travels on.
     pub network: String,
+    /// Base64url random id (16 to 32 bytes); with `from` it is the idempotency key.
     pub message_id: String,
+    /// The sending account.
     pub from: AccountId,
+    /// The sending device, whose key signs the envelope.
     pub from_device_id: DeviceId,
+    /// The recipient account.
     pub to: AccountId,
+    /// Creation time, Unix ms; bounds clock skew, the delivery age limit and the certificate check at the destination.
     pub created_at: u64,
+    /// Unix ms after which sync hides the entry (the stored envelope is unchanged); absent means never.
     pub body_expires_at: Option<u64>,
 }
 

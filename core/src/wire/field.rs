@@ -19,7 +19,14 @@ pub enum Problem {
     /// Not canonical unpadded base64url.
     BadBase64,
     /// Decoded length outside the allowed range.
-    BadLength { min: usize, max: usize, got: usize },
+    BadLength {
+        /// Fewest bytes allowed.
+        min: usize,
+        /// Most bytes allowed.
+        max: usize,
+        /// Bytes the value decoded to.
+        got: usize,
+    },
     /// Any other constraint, stated in words.
     Invalid(String),
 }
@@ -29,6 +36,7 @@ pub enum Problem {
 pub struct FieldError {
     /// Dotted path from the params object, e.g. `envelope.created_at`.
     pub path: String,
+    /// What is wrong there.
     pub problem: Problem,
 }
 

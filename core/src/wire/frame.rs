@@ -12,6 +12,7 @@ use serde::Deserialize;
 pub struct Frame {
     /// A string of at most 64 characters, or an integer.
     pub id: Value,
+    /// The method called, e.g. `message.send`.
     pub method: String,
     /// The params object exactly as it appeared in the frame.
     pub params: Vec<u8>,

@@ -153,11 +153,17 @@ fn objects_equal(a: &Object, b: &Object) -> bool {
 /// A parsed I-JSON value.
 #[derive(Clone, Debug)]
 pub enum Value {
+    /// JSON `null`.
     Null,
+    /// JSON `true` or `false`.
     Bool(bool),
+    /// A number, as written (integer) or as the nearest double.
     Number(Number),
+    /// A string, escapes resolved.
     String(String),
+    /// An array, in order.
     Array(Vec<Value>),
+    /// An object: members unique by name, compared regardless of order.
     Object(Object),
     /// A value held as its canonical JSON text, which the canonical writer copies verbatim:
     /// signed objects the engine stored in canonical form, on their way out in an answer

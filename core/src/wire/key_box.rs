@@ -11,6 +11,7 @@ pub const MAX_BOX_CIPHERTEXT: usize = 1024;
 #[derive(Clone, Debug, PartialEq)]
 pub struct KeyBox {
     raw: Object,
+    /// The device the box is sealed to; at most one box per device in a list.
     pub device_id: DeviceId,
 }
 

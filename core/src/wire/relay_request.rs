@@ -125,8 +125,11 @@ pub fn public_key(seed: &[u8; 32]) -> [u8; 32] {
 /// A request whose cheap checks passed; its signature still awaits the source's key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Prechecked {
+    /// The claimed source relay (`Relay-Id`), whose key the signature must verify under.
     pub source: RelayId,
+    /// `Relay-Timestamp`, Unix ms, already within the clock tolerance of now.
     pub ts: u64,
+    /// `Relay-Nonce` as sent (base64url of 16 bytes), to be consumed once the signature verifies.
     pub nonce: String,
     sig: [u8; 64],
     input: Vec<u8>,

@@ -10,10 +10,15 @@ use super::signature::{SignatureError, SignedObject};
 pub struct Route {
     raw: Object,
     sig: [u8; 64],
+    /// The network the route is valid on.
     pub network: String,
+    /// The account whose key signs the route and whose home it names.
     pub account: AccountId,
+    /// The account's home relay; must be allowed on the network (https off `dev`).
     pub relay: RelayId,
+    /// Version of the route; a held route is replaced only by a higher revision.
     pub revision: u64,
+    /// Issuance time, Unix ms.
     pub issued_at: u64,
 }
 

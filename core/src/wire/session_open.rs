@@ -10,11 +10,17 @@ use super::signature::SignedObject;
 pub struct SessionOpen {
     raw: Object,
     sig: [u8; 64],
+    /// The network the session is for; must be the relay's own.
     pub network: String,
+    /// The relay the session is opened at; must be this relay, so a signed open cannot be replayed elsewhere.
     pub relay: RelayId,
+    /// The account the device acts for.
     pub account: AccountId,
+    /// The registered device whose key signs the open.
     pub device_id: DeviceId,
+    /// Signing time, Unix ms; must lie within the clock tolerance of now.
     pub ts: u64,
+    /// Base64url random value (16 to 32 bytes), accepted once while `ts` is within tolerance.
     pub nonce: String,
 }
 
@@ -41,9 +47,13 @@ impl SessionOpen {
 pub struct DeviceRevocation {
     raw: Object,
     sig: [u8; 64],
+    /// The network the revocation is for; must be the relay's own.
     pub network: String,
+    /// The account whose key signs the revocation; must be the session's account.
     pub account: AccountId,
+    /// The device revoked, refused for good from then on.
     pub device_id: DeviceId,
+    /// When the account revoked it, Unix ms; informational: revocation takes effect at commit.
     pub revoked_at: u64,
 }
 
