@@ -1,10 +1,78 @@
 //! relay-core: the relay protocol core, written once and run by every host.
 //!
-//! `wire` is the wire format (strict I-JSON, RFC 8785 canonical form,
-//! objects and their signatures); `client` builds valid (or deliberately
-//! defective) objects for clients and tests; `engine` is the protocol's rules;
-//! `transport` is HTTP, WebSocket and relay RPC over the engine, sans-IO. The core performs no I/O and
-//! reads no global clock or random source: time and entropy are inputs.
+//! `wire` is the wire format (strict I-JSON, RFC 8785 canonical form, objects and their
+//! signatures); `client` builds valid (or deliberately defective) objects for clients and
+//! tests; `engine` is the protocol's rules; `transport` is HTTP, WebSocket and relay RPC
+//! over the engine. The core performs no I/O and reads no global clock or random source:
+//! time and entropy are inputs, and everything it wants done comes out as data.
+//!
+//! # The loop a host writes
+//!
+//! A host owns sockets, timers and storage, and moves bytes. This is the whole of its
+//! protocol work, here with the in-memory store and a request read off a socket:
+//!
+//! ```
+//! use relay_core::engine::{Config, Engine, MemoryStore};
+//! use relay_core::transport::{Event, Fetch, Listener, Relay, Request, Step};
+//! use relay_core::wire::identity::RelayId;
+//!
+//! let config = Config::new(RelayId::parse("http://relay.example").unwrap(), "dev");
+//! // The host's CSPRNG; a fixed fill here so the example replays.
+//! let entropy = |buf: &mut [u8]| buf.fill(7);
+//! let mut engine = Engine::new(config, MemoryStore::default(), entropy);
+//! engine.open_store().unwrap();
+//! let mut relay = Relay::new(engine, &[1; 32], Some("operator token"));
+//! let now = 1_700_000_000_000; // the host's clock, in ms, passed in every call
+//!
+//! // At start: tick once; its events say when to tick next.
+//! let mut wake = None;
+//! for e in relay.tick(now).events {
+//!     if let Event::WakeAt(at) = e {
+//!         wake = Some(at);
+//!     }
+//! }
+//!
+//! // A request read whole off a socket (the host enforces the size and time limits).
+//! let request = Request {
+//!     listener: Listener::Public,
+//!     method: "POST".into(),
+//!     path: "/v1/route.get".into(),
+//!     query: String::new(),
+//!     headers: Vec::new(),
+//!     body: br#"{"account":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#.to_vec(),
+//!     origin: Some("192.0.2.7".into()),
+//! };
+//! let answer = loop {
+//!     match relay.handle(&request, now) {
+//!         Step::Respond(r) => break r,
+//!         // A relay request from a relay whose key is not known yet: GET the URL,
+//!         // report what came back, and submit the request again.
+//!         Step::FetchKey { relay: peer, url: _ } => relay.key_fetched(&peer, Fetch::NotSent, now),
+//!         Step::Upgrade(_) => unreachable!("only GET /v1/ws upgrades"),
+//!         Step::Backup { .. } => unreachable!("only the operator asks for backups"),
+//!     }
+//! };
+//! assert_eq!(answer.status, 404); // no route is held for that account
+//!
+//! // Write `answer.status`, `answer.headers` and `answer.body` as they are, then run its events.
+//! for e in answer.effects {
+//!     match e {
+//!         // POST p.body to p.url with p.headers within p.timeout_ms; report what was seen.
+//!         Event::Send(p) => {
+//!             let _later = relay.fetched(&p.task, p.attempt, Fetch::Unknown, now);
+//!         }
+//!         Event::WakeAt(at) => wake = Some(at),
+//!         // Push the frame to the account's WebSockets; close a revoked device's.
+//!         Event::Notify { .. } | Event::Close { .. } => {}
+//!         Event::DeliveryEnded { .. } => {}
+//!     }
+//! }
+//! let _ = wake;
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod error;
 pub mod wire;
