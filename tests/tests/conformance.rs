@@ -4,6 +4,9 @@
 //! wasmtime→node, node→wasmtime). Each relay sits behind a fault-injecting proxy, which
 //! is its public id, so every relay RPC between them passes through it.
 //!
+//! Each scenario is a function of its hosts; `every_pair!` and `every_host!` make one test
+//! per pair or host, named `scenario::wasmtime_to_node` or `scenario::node`.
+//!
 //! The relays are built by `./x test` (`target/release/relay`, `target/component/`,
 //! `host-node/pkg`) before this suite runs.
 
@@ -14,13 +17,70 @@ use relay_tests::live::check::{verify, Sent};
 use relay_tests::live::client::{
     code_of, decrypt, status_of, str_of, u64_of, Client, Socket, User,
 };
-use relay_tests::live::each;
 use relay_tests::live::host::{Kind, Opts, Relay};
 use relay_tests::live::proxy::{now_ms, Chaos, Fault, Proxy};
 use relay_tests::{field, Msg};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
+
+/// One test per ordered pair of hosts for `scenario(ka, kb)`, in a module named after it:
+/// `scenario::wasmtime_to_node` runs it with A on wasmtime and B on Node, so a failure
+/// names its pair.
+macro_rules! every_pair {
+    ($scenario:ident) => {
+        mod $scenario {
+            use super::Kind::{Node, Wasmtime};
+
+            #[test]
+            fn wasmtime_to_wasmtime() {
+                super::$scenario(Wasmtime, Wasmtime);
+            }
+
+            #[test]
+            fn node_to_node() {
+                super::$scenario(Node, Node);
+            }
+
+            #[test]
+            fn wasmtime_to_node() {
+                super::$scenario(Wasmtime, Node);
+            }
+
+            #[test]
+            fn node_to_wasmtime() {
+                super::$scenario(Node, Wasmtime);
+            }
+        }
+    };
+}
+
+/// One test per host for `scenario(k)`, in a module named after it: `scenario::wasmtime`
+/// and `scenario::node`.
+macro_rules! every_host {
+    ($scenario:ident) => {
+        mod $scenario {
+            use super::Kind::{Node, Wasmtime};
+
+            #[test]
+            fn wasmtime() {
+                super::$scenario(Wasmtime);
+            }
+
+            #[test]
+            fn node() {
+                super::$scenario(Node);
+            }
+        }
+    };
+}
+
+// The macros name each host (`Kind::ALL`) and each pair (`Kind::PAIRS`) by hand: a new
+// host fails to compile here until they name it too.
+const _: fn(Kind) = |k| match k {
+    Kind::Wasmtime | Kind::Node => {}
+};
+const _: () = assert!(Kind::ALL.len() == 2 && Kind::PAIRS.len() == 4);
 
 /// A relay behind its proxy.
 struct Proxied {
@@ -102,170 +162,164 @@ fn sent_from(i: usize, to: usize, p: &Object) -> Sent {
 
 /// Seed, "Cross-Account Delivery": send, deliver, target_accepted; the recipient is told
 /// over its WebSocket, syncs, verifies nothing is lost; sender_boxes make a sent record.
-#[test]
-fn seed_cross_account_delivery_both_ways_every_pair() {
-    each(&Kind::PAIRS, |(ka, kb)| {
-        let Duo {
-            a,
-            b,
-            mut c,
-            alice,
-            bob,
-        } = duo(ka, kb, Opts::default(), Opts::default(), 1);
-        c.publish(&b.relay, &alice);
-        let mut bob_ws = Socket::connect(&bob, 0);
-        for (from, to, sock) in [(&alice, &bob, Some(&mut bob_ws)), (&bob, &alice, None)] {
-            let m = Msg {
-                sender_boxes: true,
-                ..Msg::default()
-            };
-            let p = c.message(from, to, &format!("hello {}", to.id()), &m);
-            let id = message_id(&p);
-            let (s, v) = c.send(from, &p);
-            assert_eq!(s, 200, "{v:?}");
-            assert!(
-                matches!(status_of(&v).as_str(), "delivering" | "target_accepted"),
-                "{v:?}"
-            );
-            assert_eq!(str_of(&v, "message_id"), id);
-            let done = c.wait_terminal(from, &id, WAIT);
-            assert_eq!(status_of(&done), "target_accepted", "{done:?}");
-            assert!(u64_of(&done, "deadline").is_some());
-            assert_eq!(u64_of(&done, "accepted_at"), u64_of(&v, "accepted_at"));
-            // The recipient: one received record, decrypted with its own key box.
-            let got = received(&c, to, &id);
-            assert_eq!(got.len(), 1, "{got:?}");
-            assert_eq!(got[0].2, format!("hello {}", to.id()));
-            let rec = c
-                .sync(to, 0)
-                .into_iter()
-                .find(|e| str_of(&Value::Object(e.clone()), "kind") == "received");
-            let rec = Value::Object(rec.expect("received record"));
-            assert_eq!(
-                u64_of(&rec, "accepted_at"),
-                u64_of(&done, "target_accepted_at")
-            );
-            let cert = field(&rec, "device_certificate")
-                .cloned()
-                .unwrap_or(Value::Null);
-            assert_eq!(
-                canonical::to_vec(&cert),
-                canonical::object_to_vec(&from.certs[0]),
-                "the entry carries the sending device's certificate"
-            );
-            // The sender: one sent record (sender_boxes were given), which it can read.
-            let mine: Vec<_> = c
-                .texts(from, 0)
-                .into_iter()
-                .filter(|(k, i, _)| k == "sent" && *i == id)
+fn seed_cross_account_delivery_both_ways(ka: Kind, kb: Kind) {
+    let Duo {
+        a,
+        b,
+        mut c,
+        alice,
+        bob,
+    } = duo(ka, kb, Opts::default(), Opts::default(), 1);
+    c.publish(&b.relay, &alice);
+    let mut bob_ws = Socket::connect(&bob, 0);
+    for (from, to, sock) in [(&alice, &bob, Some(&mut bob_ws)), (&bob, &alice, None)] {
+        let m = Msg {
+            sender_boxes: true,
+            ..Msg::default()
+        };
+        let p = c.message(from, to, &format!("hello {}", to.id()), &m);
+        let id = message_id(&p);
+        let (s, v) = c.send(from, &p);
+        assert_eq!(s, 200, "{v:?}");
+        assert!(
+            matches!(status_of(&v).as_str(), "delivering" | "target_accepted"),
+            "{v:?}"
+        );
+        assert_eq!(str_of(&v, "message_id"), id);
+        let done = c.wait_terminal(from, &id, WAIT);
+        assert_eq!(status_of(&done), "target_accepted", "{done:?}");
+        assert!(u64_of(&done, "deadline").is_some());
+        assert_eq!(u64_of(&done, "accepted_at"), u64_of(&v, "accepted_at"));
+        // The recipient: one received record, decrypted with its own key box.
+        let got = received(&c, to, &id);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].2, format!("hello {}", to.id()));
+        let rec = c
+            .sync(to, 0)
+            .into_iter()
+            .find(|e| str_of(&Value::Object(e.clone()), "kind") == "received");
+        let rec = Value::Object(rec.expect("received record"));
+        assert_eq!(
+            u64_of(&rec, "accepted_at"),
+            u64_of(&done, "target_accepted_at")
+        );
+        let cert = field(&rec, "device_certificate")
+            .cloned()
+            .unwrap_or(Value::Null);
+        assert_eq!(
+            canonical::to_vec(&cert),
+            canonical::object_to_vec(&from.certs[0]),
+            "the entry carries the sending device's certificate"
+        );
+        // The sender: one sent record (sender_boxes were given), which it can read.
+        let mine: Vec<_> = c
+            .texts(from, 0)
+            .into_iter()
+            .filter(|(k, i, _)| k == "sent" && *i == id)
+            .collect();
+        assert_eq!(mine.len(), 1, "{mine:?}");
+        assert_eq!(mine[0].2, format!("hello {}", to.id()));
+        if let Some(ws) = sock {
+            let n = ws
+                .notification(Duration::from_secs(10))
+                .expect("message.timeline.changed over the WebSocket");
+            assert_eq!(str_of(&n, "method"), "message.timeline.changed");
+            let params = field(&n, "params").cloned().unwrap_or(Value::Null);
+            assert_eq!(str_of(&params, "account"), to.id());
+            let mut q = Object::new();
+            q.insert("after", 0u64);
+            let page = ws.call("message.timeline.sync", &q);
+            let entries = field(&page, "result")
+                .and_then(|r| field(r, "entries"))
+                .and_then(relay_tests::array)
+                .unwrap_or_default();
+            let texts: Vec<String> = entries
+                .iter()
+                .filter_map(Value::as_object)
+                .map(|e| decrypt(e, &to.devices[0]).2)
                 .collect();
-            assert_eq!(mine.len(), 1, "{mine:?}");
-            assert_eq!(mine[0].2, format!("hello {}", to.id()));
-            if let Some(ws) = sock {
-                let n = ws
-                    .notification(Duration::from_secs(10))
-                    .expect("message.timeline.changed over the WebSocket");
-                assert_eq!(str_of(&n, "method"), "message.timeline.changed");
-                let params = field(&n, "params").cloned().unwrap_or(Value::Null);
-                assert_eq!(str_of(&params, "account"), to.id());
-                let mut q = Object::new();
-                q.insert("after", 0u64);
-                let page = ws.call("message.timeline.sync", &q);
-                let entries = field(&page, "result")
-                    .and_then(|r| field(r, "entries"))
-                    .and_then(relay_tests::array)
-                    .unwrap_or_default();
-                let texts: Vec<String> = entries
-                    .iter()
-                    .filter_map(Value::as_object)
-                    .map(|e| decrypt(e, &to.devices[0]).2)
-                    .collect();
-                assert_eq!(texts, vec![format!("hello {}", to.id())]);
-            }
+            assert_eq!(texts, vec![format!("hello {}", to.id())]);
         }
-        // Exactly one relay RPC each way: nothing was retried.
-        assert_eq!(
-            b.proxy
-                .log()
-                .iter()
-                .filter(|h| h.message_id.is_some())
-                .count(),
-            1
-        );
-        assert_eq!(
-            a.proxy
-                .log()
-                .iter()
-                .filter(|h| h.message_id.is_some())
-                .count(),
-            1
-        );
-    });
+    }
+    // Exactly one relay RPC each way: nothing was retried.
+    assert_eq!(
+        b.proxy
+            .log()
+            .iter()
+            .filter(|h| h.message_id.is_some())
+            .count(),
+        1
+    );
+    assert_eq!(
+        a.proxy
+            .log()
+            .iter()
+            .filter(|h| h.message_id.is_some())
+            .count(),
+        1
+    );
 }
+every_pair!(seed_cross_account_delivery_both_ways);
 
 /// Seed, "Account Self-Delivery": one record, target_accepted at once, no relay RPC;
 /// sender_boxes, authorization or recipient_route are refused.
-#[test]
-fn seed_self_delivery_every_host() {
-    each(&Kind::ALL, |k| {
-        let a = proxied(k, Opts::default());
-        let mut c = Client::new(2);
-        let mut alice = c.register(&a.relay, false);
-        c.add_device(&mut alice);
-        let p = c.message(&alice, &alice, "note to self", &Msg::default());
+fn seed_self_delivery(k: Kind) {
+    let a = proxied(k, Opts::default());
+    let mut c = Client::new(2);
+    let mut alice = c.register(&a.relay, false);
+    c.add_device(&mut alice);
+    let p = c.message(&alice, &alice, "note to self", &Msg::default());
+    let (s, v) = c.send(&alice, &p);
+    assert_eq!(s, 200, "{v:?}");
+    assert_eq!(status_of(&v), "target_accepted");
+    let (_, st) = c.status(&alice, &message_id(&p));
+    assert_eq!(status_of(&st), "target_accepted");
+    assert_eq!(u64_of(&st, "accepted_at"), u64_of(&v, "accepted_at"));
+    for dev in 0..2 {
+        let all = c.texts(&alice, dev);
+        assert_eq!(
+            all,
+            vec![("self".into(), message_id(&p), "note to self".into())],
+            "device {dev}"
+        );
+    }
+    let refused = [
+        Msg {
+            sender_boxes: true,
+            ..Msg::default()
+        },
+        Msg {
+            recipient_route: Some(alice.route.clone()),
+            ..Msg::default()
+        },
+    ];
+    for m in refused {
+        let p = c.message(&alice, &alice, "bad", &m);
         let (s, v) = c.send(&alice, &p);
-        assert_eq!(s, 200, "{v:?}");
-        assert_eq!(status_of(&v), "target_accepted");
-        let (_, st) = c.status(&alice, &message_id(&p));
-        assert_eq!(status_of(&st), "target_accepted");
-        assert_eq!(u64_of(&st, "accepted_at"), u64_of(&v, "accepted_at"));
-        for dev in 0..2 {
-            let all = c.texts(&alice, dev);
-            assert_eq!(
-                all,
-                vec![("self".into(), message_id(&p), "note to self".into())],
-                "device {dev}"
-            );
-        }
-        let refused = [
-            Msg {
-                sender_boxes: true,
-                ..Msg::default()
-            },
-            Msg {
-                recipient_route: Some(alice.route.clone()),
-                ..Msg::default()
-            },
-        ];
-        for m in refused {
-            let p = c.message(&alice, &alice, "bad", &m);
-            let (s, v) = c.send(&alice, &p);
-            assert_eq!((s, code_of(&v).as_str()), (400, "invalid_params"), "{v:?}");
-        }
-        assert_eq!(c.texts(&alice, 0).len(), 1);
-        assert!(a.proxy.log().is_empty(), "self-delivery used relay RPC");
-    });
+        assert_eq!((s, code_of(&v).as_str()), (400, "invalid_params"), "{v:?}");
+    }
+    assert_eq!(c.texts(&alice, 0).len(), 1);
+    assert!(a.proxy.log().is_empty(), "self-delivery used relay RPC");
 }
+every_host!(seed_self_delivery);
 
 /// Seed, "Delivery Flow" step 2: a relay serving both accounts delivers directly.
-#[test]
-fn seed_local_delivery_every_host() {
-    each(&Kind::ALL, |k| {
-        let a = proxied(k, Opts::default());
-        let mut c = Client::new(3);
-        let alice = c.register(&a.relay, true);
-        let carol = c.register(&a.relay, true);
-        let p = c.message(&alice, &carol, "next door", &Msg::default());
-        let (s, v) = c.send(&alice, &p);
-        assert_eq!(s, 200, "{v:?}");
-        let done = c.wait_terminal(&alice, &message_id(&p), WAIT);
-        assert_eq!(status_of(&done), "target_accepted", "{done:?}");
-        assert_eq!(received(&c, &carol, &message_id(&p)).len(), 1);
-        // No sender_boxes: no sent record.
-        assert!(c.texts(&alice, 0).is_empty());
-        assert!(a.proxy.log().is_empty(), "local delivery used relay RPC");
-    });
+fn seed_local_delivery(k: Kind) {
+    let a = proxied(k, Opts::default());
+    let mut c = Client::new(3);
+    let alice = c.register(&a.relay, true);
+    let carol = c.register(&a.relay, true);
+    let p = c.message(&alice, &carol, "next door", &Msg::default());
+    let (s, v) = c.send(&alice, &p);
+    assert_eq!(s, 200, "{v:?}");
+    let done = c.wait_terminal(&alice, &message_id(&p), WAIT);
+    assert_eq!(status_of(&done), "target_accepted", "{done:?}");
+    assert_eq!(received(&c, &carol, &message_id(&p)).len(), 1);
+    // No sender_boxes: no sent record.
+    assert!(c.texts(&alice, 0).is_empty());
+    assert!(a.proxy.log().is_empty(), "local delivery used relay RPC");
 }
+every_host!(seed_local_delivery);
 
 // ---------------------------------------------------------------- receiving rules
 
@@ -284,227 +338,221 @@ fn deliver_and_wait(c: &Client, from: &User, p: &Object) -> Value {
 
 /// Seed, "Receiving Validation Rules" 1 to 5, checked by the destination with its own
 /// policies; a rejection ends the source's delivery `failed` with the destination's error.
-#[test]
-fn seed_receiving_validation_rules_every_pair() {
-    each(&Kind::PAIRS, |(ka, kb)| {
-        let a = proxied(ka, Opts::default());
-        // The destination's own, stricter policies (rules 2 and 3): policies are independent.
-        let b = proxied(
-            kb,
-            Opts::default()
-                .policy("max_boxes", 1)
-                .policy("message_delivery_age_limit", 60_000),
-        );
-        let mut c = Client::new(4);
-        let alice = c.register(&a.relay, true);
-        let mut bob = c.register(&b.relay, true);
-        c.publish(&a.relay, &bob);
+fn seed_receiving_validation_rules(ka: Kind, kb: Kind) {
+    let a = proxied(ka, Opts::default());
+    // The destination's own, stricter policies (rules 2 and 3): policies are independent.
+    let b = proxied(
+        kb,
+        Opts::default()
+            .policy("max_boxes", 1)
+            .policy("message_delivery_age_limit", 60_000),
+    );
+    let mut c = Client::new(4);
+    let alice = c.register(&a.relay, true);
+    let mut bob = c.register(&b.relay, true);
+    c.publish(&a.relay, &bob);
 
-        // Rule 1: B is named by a route, but does not serve the account.
-        let dave = c.unregistered(&b.relay);
-        c.publish(&a.relay, &dave);
-        let st = send_and_wait(&mut c, &alice, &dave, "r1", &Msg::default());
-        assert_eq!(
-            (status_of(&st).as_str(), code_of(&st).as_str()),
-            ("failed", "not_home_relay"),
-            "{st:?}"
-        );
+    // Rule 1: B is named by a route, but does not serve the account.
+    let dave = c.unregistered(&b.relay);
+    c.publish(&a.relay, &dave);
+    let st = send_and_wait(&mut c, &alice, &dave, "r1", &Msg::default());
+    assert_eq!(
+        (status_of(&st).as_str(), code_of(&st).as_str()),
+        ("failed", "not_home_relay"),
+        "{st:?}"
+    );
 
-        // Rule 2: the destination's object constraints (two boxes, its max_boxes is 1).
-        c.add_device(&mut bob);
-        let st = send_and_wait(&mut c, &alice, &bob, "r2", &Msg::default());
-        assert_eq!(
-            (status_of(&st).as_str(), code_of(&st).as_str()),
-            ("failed", "invalid_params"),
-            "{st:?}"
-        );
+    // Rule 2: the destination's object constraints (two boxes, its max_boxes is 1).
+    c.add_device(&mut bob);
+    let st = send_and_wait(&mut c, &alice, &bob, "r2", &Msg::default());
+    assert_eq!(
+        (status_of(&st).as_str(), code_of(&st).as_str()),
+        ("failed", "invalid_params"),
+        "{st:?}"
+    );
 
-        // Rule 3: the destination's own age limit (a minute; the source's is a week).
-        let old = Msg {
-            created_offset: -120_000,
+    // Rule 3: the destination's own age limit (a minute; the source's is a week).
+    let old = Msg {
+        created_offset: -120_000,
+        to_devices: Some(vec![0]),
+        ..Msg::default()
+    };
+    let st = send_and_wait(&mut c, &alice, &bob, "r3", &old);
+    assert_eq!(
+        (status_of(&st).as_str(), code_of(&st).as_str()),
+        ("failed", "message_expired"),
+        "{st:?}"
+    );
+
+    // Rule 4: credentials. Not discoverable and none given: refused.
+    let erin = c.register(&b.relay, false);
+    c.publish(&a.relay, &erin);
+    let st = send_and_wait(&mut c, &alice, &erin, "r4", &Msg::default());
+    assert_eq!(code_of(&st), "discovery_disabled", "{st:?}");
+    // An invite from the recipient opens the way.
+    let invite = c.invite(&erin, 3_600_000);
+    let with = Msg {
+        authorization: Some(invite.clone()),
+        ..Msg::default()
+    };
+    let p = c.message(&alice, &erin, "r4 invited", &with);
+    let st = deliver_and_wait(&c, &alice, &p);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    assert_eq!(received(&c, &erin, &message_id(&p))[0].2, "r4 invited");
+    // Revoked at the destination: refused, and never falls back to discovery (bob is
+    // discoverable, yet his revoked invite is not accepted).
+    let bob_invite = c.invite(&bob, 3_600_000);
+    for (who, inv) in [(&erin, &invite), (&bob, &bob_invite)] {
+        let mut q = Object::new();
+        q.insert(
+            "invite_id",
+            str_of(&Value::Object(inv.clone()), "invite_id"),
+        );
+        let (s, v) = c.call_as(who, "contact.revoke", &q);
+        assert_eq!(s, 200, "{v:?}");
+        let m = Msg {
+            authorization: Some(inv.clone()),
             to_devices: Some(vec![0]),
             ..Msg::default()
         };
-        let st = send_and_wait(&mut c, &alice, &bob, "r3", &old);
-        assert_eq!(
-            (status_of(&st).as_str(), code_of(&st).as_str()),
-            ("failed", "message_expired"),
-            "{st:?}"
-        );
+        let st = send_and_wait(&mut c, &alice, who, "r4 revoked", &m);
+        assert_eq!(code_of(&st), "authorization_invalid", "{st:?}");
+    }
 
-        // Rule 4: credentials. Not discoverable and none given: refused.
-        let erin = c.register(&b.relay, false);
-        c.publish(&a.relay, &erin);
-        let st = send_and_wait(&mut c, &alice, &erin, "r4", &Msg::default());
-        assert_eq!(code_of(&st), "discovery_disabled", "{st:?}");
-        // An invite from the recipient opens the way.
-        let invite = c.invite(&erin, 3_600_000);
-        let with = Msg {
-            authorization: Some(invite.clone()),
-            ..Msg::default()
-        };
-        let p = c.message(&alice, &erin, "r4 invited", &with);
-        let st = deliver_and_wait(&c, &alice, &p);
-        assert_eq!(status_of(&st), "target_accepted", "{st:?}");
-        assert_eq!(received(&c, &erin, &message_id(&p))[0].2, "r4 invited");
-        // Revoked at the destination: refused, and never falls back to discovery (bob is
-        // discoverable, yet his revoked invite is not accepted).
-        let bob_invite = c.invite(&bob, 3_600_000);
-        for (who, inv) in [(&erin, &invite), (&bob, &bob_invite)] {
-            let mut q = Object::new();
-            q.insert(
-                "invite_id",
-                str_of(&Value::Object(inv.clone()), "invite_id"),
-            );
-            let (s, v) = c.call_as(who, "contact.revoke", &q);
-            assert_eq!(s, 200, "{v:?}");
-            let m = Msg {
-                authorization: Some(inv.clone()),
-                to_devices: Some(vec![0]),
-                ..Msg::default()
-            };
-            let st = send_and_wait(&mut c, &alice, who, "r4 revoked", &m);
-            assert_eq!(code_of(&st), "authorization_invalid", "{st:?}");
-        }
+    // Rule 5: no box names a valid device of the recipient.
+    let mut ghost = c.register(&b.relay, true);
+    c.publish(&a.relay, &ghost);
+    let mut rng = <rand_chacha::ChaCha20Rng as rand::SeedableRng>::seed_from_u64(40);
+    ghost.devices.push(DeviceKey::generate(&mut rng));
+    let only_unknown = Msg {
+        to_devices: Some(vec![1]),
+        ..Msg::default()
+    };
+    let st = send_and_wait(&mut c, &alice, &ghost, "r5", &only_unknown);
+    assert_eq!(code_of(&st), "device_unknown", "{st:?}");
+    // One valid device is enough; the unknown one simply cannot read it. (B's max_boxes
+    // is 1, so this runs against a relay without that limit: A, locally.)
+    let mut local = c.register(&a.relay, true);
+    local.devices.push(DeviceKey::generate(&mut rng));
+    let p = c.message(&alice, &local, "r5 partly", &Msg::default());
+    let st = deliver_and_wait(&c, &alice, &p);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
 
-        // Rule 5: no box names a valid device of the recipient.
-        let mut ghost = c.register(&b.relay, true);
-        c.publish(&a.relay, &ghost);
-        let mut rng = <rand_chacha::ChaCha20Rng as rand::SeedableRng>::seed_from_u64(40);
-        ghost.devices.push(DeviceKey::generate(&mut rng));
-        let only_unknown = Msg {
-            to_devices: Some(vec![1]),
-            ..Msg::default()
-        };
-        let st = send_and_wait(&mut c, &alice, &ghost, "r5", &only_unknown);
-        assert_eq!(code_of(&st), "device_unknown", "{st:?}");
-        // One valid device is enough; the unknown one simply cannot read it. (B's max_boxes
-        // is 1, so this runs against a relay without that limit: A, locally.)
-        let mut local = c.register(&a.relay, true);
-        local.devices.push(DeviceKey::generate(&mut rng));
-        let p = c.message(&alice, &local, "r5 partly", &Msg::default());
-        let st = deliver_and_wait(&c, &alice, &p);
-        assert_eq!(status_of(&st), "target_accepted", "{st:?}");
-
-        // No rejected message left a record anywhere.
-        assert!(c.texts(&bob, 0).is_empty(), "{:?}", c.texts(&bob, 0));
-        assert!(c.texts(&ghost, 0).is_empty());
-        assert_eq!(c.texts(&erin, 0).len(), 1);
-    });
+    // No rejected message left a record anywhere.
+    assert!(c.texts(&bob, 0).is_empty(), "{:?}", c.texts(&bob, 0));
+    assert!(c.texts(&ghost, 0).is_empty());
+    assert_eq!(c.texts(&erin, 0).len(), 1);
 }
+every_pair!(seed_receiving_validation_rules);
 
 // ---------------------------------------------------------------- idempotency
 
 /// Seed, "Idempotent Message Retries": an identical send (over HTTP or the WebSocket)
 /// answers the latest status with the same accepted_at and adds nothing; a different one
 /// under the same message id is state_conflict and changes nothing.
-#[test]
-fn seed_identical_and_conflicting_retries_every_pair() {
-    each(&Kind::PAIRS, |(ka, kb)| {
-        // `_a` keeps relay A running to the end of the scenario.
-        let Duo {
-            a: _a,
-            b,
-            mut c,
-            alice,
-            bob,
-        } = duo(ka, kb, Opts::default(), Opts::default(), 5);
-        let p = c.message(&alice, &bob, "once", &Msg::default());
-        let id = message_id(&p);
-        let (_, first) = c.send(&alice, &p);
-        let done = c.wait_terminal(&alice, &id, WAIT);
-        assert_eq!(status_of(&done), "target_accepted");
-        for _ in 0..3 {
-            let (s, again) = c.send(&alice, &p);
-            assert_eq!(s, 200);
-            assert_eq!(status_of(&again), "target_accepted", "the latest status");
-            assert_eq!(u64_of(&again, "accepted_at"), u64_of(&first, "accepted_at"));
-        }
-        let mut ws = Socket::connect(&alice, 0);
-        let over_ws = ws.call("message.send", &p);
-        let r = field(&over_ws, "result").cloned().unwrap_or(Value::Null);
-        assert_eq!(
-            u64_of(&r, "accepted_at"),
-            u64_of(&first, "accepted_at"),
-            "{over_ws:?}"
-        );
-        // Same key, different content (fresh key boxes): state_conflict.
-        let mut other = c.message(&alice, &bob, "twice", &Msg::default());
-        other.insert(
-            "envelope",
-            p.get("envelope").cloned().unwrap_or(Value::Null),
-        );
-        let (s, v) = c.send(&alice, &other);
-        assert_eq!((s, code_of(&v).as_str()), (409, "state_conflict"), "{v:?}");
-        let (_, st) = c.status(&alice, &id);
-        assert_eq!(status_of(&st), "target_accepted");
-        let got = received(&c, &bob, &id);
-        assert_eq!(got.len(), 1, "one record, still readable: {got:?}");
-        assert_eq!(got[0].2, "once");
-        assert_eq!(b.proxy.delivers(&id).len(), 1, "no duplicate delivery");
-    });
+fn seed_identical_and_conflicting_retries(ka: Kind, kb: Kind) {
+    // `_a` keeps relay A running to the end of the scenario.
+    let Duo {
+        a: _a,
+        b,
+        mut c,
+        alice,
+        bob,
+    } = duo(ka, kb, Opts::default(), Opts::default(), 5);
+    let p = c.message(&alice, &bob, "once", &Msg::default());
+    let id = message_id(&p);
+    let (_, first) = c.send(&alice, &p);
+    let done = c.wait_terminal(&alice, &id, WAIT);
+    assert_eq!(status_of(&done), "target_accepted");
+    for _ in 0..3 {
+        let (s, again) = c.send(&alice, &p);
+        assert_eq!(s, 200);
+        assert_eq!(status_of(&again), "target_accepted", "the latest status");
+        assert_eq!(u64_of(&again, "accepted_at"), u64_of(&first, "accepted_at"));
+    }
+    let mut ws = Socket::connect(&alice, 0);
+    let over_ws = ws.call("message.send", &p);
+    let r = field(&over_ws, "result").cloned().unwrap_or(Value::Null);
+    assert_eq!(
+        u64_of(&r, "accepted_at"),
+        u64_of(&first, "accepted_at"),
+        "{over_ws:?}"
+    );
+    // Same key, different content (fresh key boxes): state_conflict.
+    let mut other = c.message(&alice, &bob, "twice", &Msg::default());
+    other.insert(
+        "envelope",
+        p.get("envelope").cloned().unwrap_or(Value::Null),
+    );
+    let (s, v) = c.send(&alice, &other);
+    assert_eq!((s, code_of(&v).as_str()), (409, "state_conflict"), "{v:?}");
+    let (_, st) = c.status(&alice, &id);
+    assert_eq!(status_of(&st), "target_accepted");
+    let got = received(&c, &bob, &id);
+    assert_eq!(got.len(), 1, "one record, still readable: {got:?}");
+    assert_eq!(got[0].2, "once");
+    assert_eq!(b.proxy.delivers(&id).len(), 1, "no duplicate delivery");
 }
+every_pair!(seed_identical_and_conflicting_retries);
 
 /// Seed, "DeliveryStatus" and retention: status of an unknown or another account's message
 /// is not_found; during retention it answers; after it the request is not recognized and,
 /// beyond the age limit, message_expired.
-#[test]
-fn seed_status_queries_and_result_retention_every_host() {
-    each(&Kind::ALL, |k| {
-        let opts = Opts::default()
-            .policy("message_retention", 4_000)
-            .policy("message_delivery_age_limit", 3_000);
-        let a = proxied(k, opts);
-        let mut c = Client::new(6);
-        let alice = c.register(&a.relay, true);
-        let carol = c.register(&a.relay, true);
-        let (s, v) = c.status(&alice, "AAAAAAAAAAAAAAAAAAAAAA");
-        assert_eq!((s, code_of(&v).as_str()), (404, "not_found"), "{v:?}");
-        let p = c.message(&alice, &carol, "kept a while", &Msg::default());
-        let id = message_id(&p);
-        let created = u64_of(p.get("envelope").unwrap(), "created_at").unwrap();
-        let done = deliver_and_wait(&c, &alice, &p);
-        assert_eq!(status_of(&done), "target_accepted");
-        // The deadline: the earlier of created_at + age limit and accepted_at + retention.
-        let accepted = u64_of(&done, "accepted_at").unwrap();
-        assert_eq!(
-            u64_of(&done, "deadline"),
-            Some((created + 3_000).min(accepted + 4_000))
-        );
-        let (s, v) = c.status(&carol, &id);
-        assert_eq!(
-            (s, code_of(&v).as_str()),
-            (404, "not_found"),
-            "only the sender's: {v:?}"
-        );
-        let self_p = c.message(&alice, &alice, "me", &Msg::default());
-        c.send(&alice, &self_p);
-        let (_, st) = c.status(&alice, &message_id(&self_p));
-        assert_eq!(
-            status_of(&st),
-            "target_accepted",
-            "status of self-delivery too"
-        );
-        // During retention, a retry is recognized.
-        let (_, again) = c.send(&alice, &p);
-        assert_eq!(u64_of(&again, "accepted_at"), Some(accepted));
-        std::thread::sleep(Duration::from_millis(
-            (accepted + 4_500).saturating_sub(now_ms()),
-        ));
-        let (s, v) = c.status(&alice, &id);
-        assert!(
-            matches!(code_of(&v).as_str(), "not_found" | "message_expired") && s >= 400,
-            "after retention: {s} {v:?}"
-        );
-        let (s, v) = c.send(&alice, &p);
-        assert_eq!((s, code_of(&v).as_str()), (410, "message_expired"), "{v:?}");
-        assert_eq!(
-            received(&c, &carol, &id).len(),
-            0,
-            "expired with its retention"
-        );
-    });
+fn seed_status_queries_and_result_retention(k: Kind) {
+    let opts = Opts::default()
+        .policy("message_retention", 4_000)
+        .policy("message_delivery_age_limit", 3_000);
+    let a = proxied(k, opts);
+    let mut c = Client::new(6);
+    let alice = c.register(&a.relay, true);
+    let carol = c.register(&a.relay, true);
+    let (s, v) = c.status(&alice, "AAAAAAAAAAAAAAAAAAAAAA");
+    assert_eq!((s, code_of(&v).as_str()), (404, "not_found"), "{v:?}");
+    let p = c.message(&alice, &carol, "kept a while", &Msg::default());
+    let id = message_id(&p);
+    let created = u64_of(p.get("envelope").unwrap(), "created_at").unwrap();
+    let done = deliver_and_wait(&c, &alice, &p);
+    assert_eq!(status_of(&done), "target_accepted");
+    // The deadline: the earlier of created_at + age limit and accepted_at + retention.
+    let accepted = u64_of(&done, "accepted_at").unwrap();
+    assert_eq!(
+        u64_of(&done, "deadline"),
+        Some((created + 3_000).min(accepted + 4_000))
+    );
+    let (s, v) = c.status(&carol, &id);
+    assert_eq!(
+        (s, code_of(&v).as_str()),
+        (404, "not_found"),
+        "only the sender's: {v:?}"
+    );
+    let self_p = c.message(&alice, &alice, "me", &Msg::default());
+    c.send(&alice, &self_p);
+    let (_, st) = c.status(&alice, &message_id(&self_p));
+    assert_eq!(
+        status_of(&st),
+        "target_accepted",
+        "status of self-delivery too"
+    );
+    // During retention, a retry is recognized.
+    let (_, again) = c.send(&alice, &p);
+    assert_eq!(u64_of(&again, "accepted_at"), Some(accepted));
+    std::thread::sleep(Duration::from_millis(
+        (accepted + 4_500).saturating_sub(now_ms()),
+    ));
+    let (s, v) = c.status(&alice, &id);
+    assert!(
+        matches!(code_of(&v).as_str(), "not_found" | "message_expired") && s >= 400,
+        "after retention: {s} {v:?}"
+    );
+    let (s, v) = c.send(&alice, &p);
+    assert_eq!((s, code_of(&v).as_str()), (410, "message_expired"), "{v:?}");
+    assert_eq!(
+        received(&c, &carol, &id).len(),
+        0,
+        "expired with its retention"
+    );
 }
+every_host!(seed_status_queries_and_result_retention);
 
 /// How close to the deadline an attempt's answer may be written and still count as in
 /// flight at the deadline (the source's deadline timer and that answer race).
@@ -513,228 +561,218 @@ const IN_FLIGHT_MARGIN_MS: u64 = 250;
 /// Seed, "Delivery Deadlines and Retries": a destination that never answers well ends the
 /// delivery failed with deadline_exceeded at the fixed deadline, carrying the last error
 /// (`result_unknown` when the last outcome was never learned); nothing is sent after it.
-#[test]
-fn seed_delivery_deadline_every_pair() {
-    each(&Kind::PAIRS, |(ka, kb)| {
-        let a = proxied(
-            ka,
-            Opts::default().policy("message_delivery_age_limit", 3_000),
+fn seed_delivery_deadline(ka: Kind, kb: Kind) {
+    let a = proxied(
+        ka,
+        Opts::default().policy("message_delivery_age_limit", 3_000),
+    );
+    let b = proxied(kb, Opts::default());
+    let mut c = Client::new(7);
+    let alice = c.register(&a.relay, true);
+    let bob = c.register(&b.relay, true);
+    c.publish(&a.relay, &bob);
+    let always = |f| Chaos {
+        drop_request: 0,
+        drop_response: if f == Fault::DropResponse { 1000 } else { 0 },
+        delay: 0,
+        delay_ms: 0,
+        rate_limited: 0,
+        retry_after_ms: 0,
+        unavailable: if f == Fault::Unavailable { 1000 } else { 0 },
+        reset: 0,
+    };
+    let mut sent = Vec::new();
+    for (fault, last) in [
+        (Fault::Unavailable, "unavailable"),
+        (Fault::DropResponse, "result_unknown"),
+    ] {
+        b.proxy.chaos(always(fault), 7);
+        let p = c.message(&alice, &bob, "in vain", &Msg::default());
+        let st = deliver_and_wait(&c, &alice, &p);
+        b.proxy.heal();
+        assert_eq!(code_of(&st), "deadline_exceeded", "{st:?}");
+        let data = field(&st, "error").and_then(|e| field(e, "data")).cloned();
+        let seen = data.as_ref().map(|d| str_of(d, "last_error"));
+        let hits = b.proxy.delivers(&message_id(&p));
+        // An attempt still in flight at the deadline has an outcome never learned, so
+        // `result_unknown` is right for it whatever the fault: allowed only when the
+        // last attempt was answered so near the deadline that its answer could land
+        // after it (the source's timer and the answer race on a loaded machine).
+        let deadline = u64_of(&st, "deadline").expect("the source's deadline");
+        let last_in_flight = hits
+            .last()
+            .is_some_and(|h| h.done_at + IN_FLIGHT_MARGIN_MS >= deadline);
+        assert!(
+            seen.as_deref() == Some(last)
+                || (seen.as_deref() == Some("result_unknown") && last_in_flight),
+            "last_error {seen:?}, expected {last} (last attempt {:?}): {st:?}",
+            hits.last().map(|h| (h.at, h.done_at))
         );
-        let b = proxied(kb, Opts::default());
-        let mut c = Client::new(7);
-        let alice = c.register(&a.relay, true);
-        let bob = c.register(&b.relay, true);
-        c.publish(&a.relay, &bob);
-        let always = |f| Chaos {
-            drop_request: 0,
-            drop_response: if f == Fault::DropResponse { 1000 } else { 0 },
-            delay: 0,
-            delay_ms: 0,
-            rate_limited: 0,
-            retry_after_ms: 0,
-            unavailable: if f == Fault::Unavailable { 1000 } else { 0 },
-            reset: 0,
-        };
-        let mut sent = Vec::new();
-        for (fault, last) in [
-            (Fault::Unavailable, "unavailable"),
-            (Fault::DropResponse, "result_unknown"),
-        ] {
-            b.proxy.chaos(always(fault), 7);
-            let p = c.message(&alice, &bob, "in vain", &Msg::default());
-            let st = deliver_and_wait(&c, &alice, &p);
-            b.proxy.heal();
-            assert_eq!(code_of(&st), "deadline_exceeded", "{st:?}");
-            let data = field(&st, "error").and_then(|e| field(e, "data")).cloned();
-            let seen = data.as_ref().map(|d| str_of(d, "last_error"));
-            let hits = b.proxy.delivers(&message_id(&p));
-            // An attempt still in flight at the deadline has an outcome never learned, so
-            // `result_unknown` is right for it whatever the fault: allowed only when the
-            // last attempt was answered so near the deadline that its answer could land
-            // after it (the source's timer and the answer race on a loaded machine).
-            let deadline = u64_of(&st, "deadline").expect("the source's deadline");
-            let last_in_flight = hits
-                .last()
-                .is_some_and(|h| h.done_at + IN_FLIGHT_MARGIN_MS >= deadline);
-            assert!(
-                seen.as_deref() == Some(last)
-                    || (seen.as_deref() == Some("result_unknown") && last_in_flight),
-                "last_error {seen:?}, expected {last} (last attempt {:?}): {st:?}",
-                hits.last().map(|h| (h.at, h.done_at))
-            );
-            assert!(hits.len() >= 2, "it retried");
-            sent.push(sent_from(0, 1, &p));
-        }
-        verify(
-            &c,
-            &[&alice, &bob],
-            &sent,
-            &[&a.proxy, &b.proxy],
-            &[&a.relay, &b.relay],
-            100,
-            WAIT,
-        );
-    });
+        assert!(hits.len() >= 2, "it retried");
+        sent.push(sent_from(0, 1, &p));
+    }
+    verify(
+        &c,
+        &[&alice, &bob],
+        &sent,
+        &[&a.proxy, &b.proxy],
+        &[&a.relay, &b.relay],
+        100,
+        WAIT,
+    );
 }
+every_pair!(seed_delivery_deadline);
 
 /// Seed, "rate_limited carries valid data.retry_after": the source waits at least that
 /// long before the next attempt; and a client over the send rate is told how long to wait.
-#[test]
-fn seed_rate_limited_waits_retry_after_every_pair() {
-    each(&Kind::PAIRS, |(ka, kb)| {
-        let oa = Opts::default().policy("send_rate", 3);
-        // `_a` keeps relay A running to the end of the scenario.
-        let Duo {
-            a: _a,
-            b,
-            mut c,
-            alice,
-            bob,
-        } = duo(ka, kb, oa, Opts::default(), 8);
-        b.proxy
-            .script(&[Fault::RateLimited(1_200), Fault::RateLimited(700)]);
-        let p = c.message(&alice, &bob, "patience", &Msg::default());
-        let st = deliver_and_wait(&c, &alice, &p);
-        assert_eq!(status_of(&st), "target_accepted", "{st:?}");
-        let hits = b.proxy.delivers(&message_id(&p));
-        assert_eq!(hits.len(), 3, "{hits:?}");
-        assert!(
-            hits[1].at >= hits[0].done_at + 1_200,
-            "waited {} ms",
-            hits[1].at - hits[0].done_at
-        );
-        assert!(
-            hits[2].at >= hits[1].done_at + 700,
-            "waited {} ms",
-            hits[2].at - hits[1].done_at
-        );
-        // The source's own limit: 3 sends a minute, then rate_limited with retry_after.
-        let mut last = (0, Value::Null);
-        for i in 0..3 {
-            let p = c.message(&alice, &bob, &format!("burst {i}"), &Msg::default());
-            last = c.send(&alice, &p);
-        }
-        let (s, v) = last;
-        assert_eq!((s, code_of(&v).as_str()), (429, "rate_limited"), "{v:?}");
-        let wait = field(&v, "error")
-            .and_then(|e| field(e, "data"))
-            .and_then(|d| u64_of(d, "retry_after"));
-        assert!(wait.is_some_and(|w| w > 0), "{v:?}");
-    });
+fn seed_rate_limited_waits_retry_after(ka: Kind, kb: Kind) {
+    let oa = Opts::default().policy("send_rate", 3);
+    // `_a` keeps relay A running to the end of the scenario.
+    let Duo {
+        a: _a,
+        b,
+        mut c,
+        alice,
+        bob,
+    } = duo(ka, kb, oa, Opts::default(), 8);
+    b.proxy
+        .script(&[Fault::RateLimited(1_200), Fault::RateLimited(700)]);
+    let p = c.message(&alice, &bob, "patience", &Msg::default());
+    let st = deliver_and_wait(&c, &alice, &p);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    let hits = b.proxy.delivers(&message_id(&p));
+    assert_eq!(hits.len(), 3, "{hits:?}");
+    assert!(
+        hits[1].at >= hits[0].done_at + 1_200,
+        "waited {} ms",
+        hits[1].at - hits[0].done_at
+    );
+    assert!(
+        hits[2].at >= hits[1].done_at + 700,
+        "waited {} ms",
+        hits[2].at - hits[1].done_at
+    );
+    // The source's own limit: 3 sends a minute, then rate_limited with retry_after.
+    let mut last = (0, Value::Null);
+    for i in 0..3 {
+        let p = c.message(&alice, &bob, &format!("burst {i}"), &Msg::default());
+        last = c.send(&alice, &p);
+    }
+    let (s, v) = last;
+    assert_eq!((s, code_of(&v).as_str()), (429, "rate_limited"), "{v:?}");
+    let wait = field(&v, "error")
+        .and_then(|e| field(e, "data"))
+        .and_then(|d| u64_of(d, "retry_after"));
+    assert!(wait.is_some_and(|w| w > 0), "{v:?}");
 }
+every_pair!(seed_rate_limited_waits_retry_after);
 
 /// Seed, "Delivery Result Confirmation": a lost request, a lost answer, a reset or a delay
 /// past the timeout leaves receipt unknown; the source retries the unchanged
 /// message.deliver to the same target, and the destination accepts it once.
-#[test]
-fn seed_unknown_outcomes_retried_unchanged_to_the_same_target_every_pair() {
-    each(&Kind::PAIRS, |(ka, kb)| {
-        let Duo {
-            a,
-            b,
-            mut c,
-            alice,
-            bob,
-        } = duo(ka, kb, Opts::default(), Opts::default(), 9);
-        b.proxy.script(&[
-            Fault::DropResponse,
-            Fault::Delay(2_500),
-            Fault::Reset,
-            Fault::DropRequest,
-            Fault::Unavailable,
-        ]);
-        let p = c.message(&alice, &bob, "are you there", &Msg::default());
-        let st = deliver_and_wait(&c, &alice, &p);
-        assert_eq!(status_of(&st), "target_accepted", "{st:?}");
-        let hits = b.proxy.wait_delivers(&message_id(&p), 6);
-        assert_eq!(hits.len(), 6, "{hits:?}");
-        assert!(
-            hits.windows(2).all(|w| w[0].body == w[1].body),
-            "retries are unchanged"
-        );
-        assert_eq!(
-            received(&c, &bob, &message_id(&p)).len(),
-            1,
-            "accepted once"
-        );
-        verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
-    });
+fn seed_unknown_outcomes_retried_unchanged_to_the_same_target(ka: Kind, kb: Kind) {
+    let Duo {
+        a,
+        b,
+        mut c,
+        alice,
+        bob,
+    } = duo(ka, kb, Opts::default(), Opts::default(), 9);
+    b.proxy.script(&[
+        Fault::DropResponse,
+        Fault::Delay(2_500),
+        Fault::Reset,
+        Fault::DropRequest,
+        Fault::Unavailable,
+    ]);
+    let p = c.message(&alice, &bob, "are you there", &Msg::default());
+    let st = deliver_and_wait(&c, &alice, &p);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    let hits = b.proxy.wait_delivers(&message_id(&p), 6);
+    assert_eq!(hits.len(), 6, "{hits:?}");
+    assert!(
+        hits.windows(2).all(|w| w[0].body == w[1].body),
+        "retries are unchanged"
+    );
+    assert_eq!(
+        received(&c, &bob, &message_id(&p)).len(),
+        1,
+        "accepted once"
+    );
+    verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
 }
+every_pair!(seed_unknown_outcomes_retried_unchanged_to_the_same_target);
 
 /// Seed, "Switching targets": an account moves from B to C (route revision 2). The source
 /// keeps confirming with B while B's answer is unknown, and switches only on B's explicit
 /// not_home_relay carrying the higher revision.
-#[test]
-fn seed_route_error_switches_to_a_higher_revision_only_every_pair() {
-    each(&Kind::PAIRS, |(ka, kb)| {
-        let kc = if kb == Kind::Wasmtime {
-            Kind::Node
-        } else {
-            Kind::Wasmtime
-        };
-        let a = proxied(ka, Opts::default());
-        let b = proxied(kb, Opts::default());
-        let cc = proxied(kc, Opts::default());
-        let mut c = Client::new(10);
-        let alice = c.register(&a.relay, true);
-        let mut bob = c.register(&b.relay, true);
-        c.publish(&a.relay, &bob); // A holds revision 1: B.
-        c.move_to(&mut bob, &cc.relay, &b.relay); // B learns revision 2: C.
-        b.proxy.script(&[Fault::DropRequest, Fault::Delay(2_500)]);
-        let p = c.message(&alice, &bob, "follow me", &Msg::default());
-        let st = deliver_and_wait(&c, &alice, &p);
-        assert_eq!(status_of(&st), "target_accepted", "{st:?}");
-        let at_b = b.proxy.wait_delivers(&message_id(&p), 3);
-        let at_c = cc.proxy.delivers(&message_id(&p));
-        assert_eq!(at_b.len(), 3, "confirmed with B until B answered: {at_b:?}");
-        assert_eq!(at_b[2].upstream_status, Some(421), "{at_b:?}");
-        assert_eq!(at_c.len(), 1, "{at_c:?}");
-        assert!(
-            at_c[0].at > at_b[2].at,
-            "switched only after the route error"
-        );
-        assert_eq!(received(&c, &bob, &message_id(&p)).len(), 1);
-        verify(
-            &c,
-            &[&alice, &bob],
-            &[sent_from(0, 1, &p)],
-            &[&a.proxy, &b.proxy, &cc.proxy],
-            &[&a.relay, &b.relay, &cc.relay],
-            100,
-            WAIT,
-        );
-    });
+fn seed_route_error_switches_to_a_higher_revision_only(ka: Kind, kb: Kind) {
+    let kc = if kb == Kind::Wasmtime {
+        Kind::Node
+    } else {
+        Kind::Wasmtime
+    };
+    let a = proxied(ka, Opts::default());
+    let b = proxied(kb, Opts::default());
+    let cc = proxied(kc, Opts::default());
+    let mut c = Client::new(10);
+    let alice = c.register(&a.relay, true);
+    let mut bob = c.register(&b.relay, true);
+    c.publish(&a.relay, &bob); // A holds revision 1: B.
+    c.move_to(&mut bob, &cc.relay, &b.relay); // B learns revision 2: C.
+    b.proxy.script(&[Fault::DropRequest, Fault::Delay(2_500)]);
+    let p = c.message(&alice, &bob, "follow me", &Msg::default());
+    let st = deliver_and_wait(&c, &alice, &p);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    let at_b = b.proxy.wait_delivers(&message_id(&p), 3);
+    let at_c = cc.proxy.delivers(&message_id(&p));
+    assert_eq!(at_b.len(), 3, "confirmed with B until B answered: {at_b:?}");
+    assert_eq!(at_b[2].upstream_status, Some(421), "{at_b:?}");
+    assert_eq!(at_c.len(), 1, "{at_c:?}");
+    assert!(
+        at_c[0].at > at_b[2].at,
+        "switched only after the route error"
+    );
+    assert_eq!(received(&c, &bob, &message_id(&p)).len(), 1);
+    verify(
+        &c,
+        &[&alice, &bob],
+        &[sent_from(0, 1, &p)],
+        &[&a.proxy, &b.proxy, &cc.proxy],
+        &[&a.relay, &b.relay, &cc.relay],
+        100,
+        WAIT,
+    );
 }
+every_pair!(seed_route_error_switches_to_a_higher_revision_only);
 
 /// Seed, "The source's responsibility ... survives relay restarts": both relays killed
 /// (SIGKILL) while a delivery is pending; started again over their SQLite data, the source
 /// finishes it, once.
-#[test]
-fn seed_delivery_finishes_after_restart_every_pair() {
-    each(&Kind::PAIRS, |(ka, kb)| {
-        let d = duo(ka, kb, Opts::default(), Opts::default(), 11);
-        let Duo {
-            mut a,
-            mut b,
-            mut c,
-            alice,
-            bob,
-        } = d;
-        b.relay.kill();
-        let p = c.message(&alice, &bob, "after the storm", &Msg::default());
-        let (s, v) = c.send(&alice, &p);
-        assert_eq!((s, status_of(&v).as_str()), (200, "delivering"), "{v:?}");
-        std::thread::sleep(Duration::from_millis(600));
-        a.relay.kill();
-        b.relay.restart();
-        a.relay.restart();
-        let st = c.wait_terminal(&alice, &message_id(&p), WAIT);
-        assert_eq!(status_of(&st), "target_accepted", "{st:?}");
-        assert_eq!(u64_of(&st, "accepted_at"), u64_of(&v, "accepted_at"));
-        assert_eq!(received(&c, &bob, &message_id(&p)).len(), 1);
-        verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
-    });
+fn seed_delivery_finishes_after_restart(ka: Kind, kb: Kind) {
+    let d = duo(ka, kb, Opts::default(), Opts::default(), 11);
+    let Duo {
+        mut a,
+        mut b,
+        mut c,
+        alice,
+        bob,
+    } = d;
+    b.relay.kill();
+    let p = c.message(&alice, &bob, "after the storm", &Msg::default());
+    let (s, v) = c.send(&alice, &p);
+    assert_eq!((s, status_of(&v).as_str()), (200, "delivering"), "{v:?}");
+    std::thread::sleep(Duration::from_millis(600));
+    a.relay.kill();
+    b.relay.restart();
+    a.relay.restart();
+    let st = c.wait_terminal(&alice, &message_id(&p), WAIT);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    assert_eq!(u64_of(&st, "accepted_at"), u64_of(&v, "accepted_at"));
+    assert_eq!(received(&c, &bob, &message_id(&p)).len(), 1);
+    verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
 }
+every_pair!(seed_delivery_finishes_after_restart);
 
 // ---------------------------------------------------------------- faults
 
@@ -742,89 +780,87 @@ fn seed_delivery_finishes_after_restart_every_pair() {
 /// past the timeout, 429 with Retry-After, 503, resets), duplicate client sends and a
 /// destination restart; after healing, every invariant of the simulation holds on the
 /// real relays' data.
-#[test]
-fn faults_between_relays_keep_every_invariant_every_pair() {
-    each(&Kind::PAIRS, |(ka, kb)| {
-        let (a, mut b) = (proxied(ka, Opts::default()), proxied(kb, Opts::default()));
-        let mut c = Client::new(12);
-        let users = [
-            c.register(&a.relay, true),
-            c.register(&a.relay, true),
-            c.register(&b.relay, true),
-            c.register(&b.relay, true),
-        ];
-        for u in &users {
-            c.publish(&a.relay, u);
-            c.publish(&b.relay, u);
-        }
-        let chaos = Chaos {
-            drop_request: 70,
-            drop_response: 70,
-            delay: 40,
-            delay_ms: 2_000,
-            rate_limited: 60,
-            retry_after_ms: 300,
-            unavailable: 70,
-            reset: 50,
-        };
-        a.proxy.chaos(chaos, 100);
-        b.proxy.chaos(chaos, 200);
-        let mut sent = Vec::new();
-        for round in 0..6 {
-            for (from, to) in [(0, 2), (1, 3), (2, 0), (3, 1), (0, 3), (2, 1)] {
-                let m = Msg {
-                    sender_boxes: round % 2 == 0,
-                    ..Msg::default()
-                };
-                let p = c.message(
-                    &users[from],
-                    &users[to],
-                    &format!("r{round} {from}>{to}"),
-                    &m,
-                );
-                let (s, v) = c.send(&users[from], &p);
-                assert_eq!(s, 200, "{v:?}");
-                if round % 3 == 1 {
-                    // A client that lost the answer retries the unchanged request.
-                    let (s, again) = c.send(&users[from], &p);
-                    assert_eq!(s, 200);
-                    assert_eq!(u64_of(&again, "accepted_at"), u64_of(&v, "accepted_at"));
-                }
-                sent.push(sent_from(from, to, &p));
+fn faults_between_relays_keep_every_invariant(ka: Kind, kb: Kind) {
+    let (a, mut b) = (proxied(ka, Opts::default()), proxied(kb, Opts::default()));
+    let mut c = Client::new(12);
+    let users = [
+        c.register(&a.relay, true),
+        c.register(&a.relay, true),
+        c.register(&b.relay, true),
+        c.register(&b.relay, true),
+    ];
+    for u in &users {
+        c.publish(&a.relay, u);
+        c.publish(&b.relay, u);
+    }
+    let chaos = Chaos {
+        drop_request: 70,
+        drop_response: 70,
+        delay: 40,
+        delay_ms: 2_000,
+        rate_limited: 60,
+        retry_after_ms: 300,
+        unavailable: 70,
+        reset: 50,
+    };
+    a.proxy.chaos(chaos, 100);
+    b.proxy.chaos(chaos, 200);
+    let mut sent = Vec::new();
+    for round in 0..6 {
+        for (from, to) in [(0, 2), (1, 3), (2, 0), (3, 1), (0, 3), (2, 1)] {
+            let m = Msg {
+                sender_boxes: round % 2 == 0,
+                ..Msg::default()
+            };
+            let p = c.message(
+                &users[from],
+                &users[to],
+                &format!("r{round} {from}>{to}"),
+                &m,
+            );
+            let (s, v) = c.send(&users[from], &p);
+            assert_eq!(s, 200, "{v:?}");
+            if round % 3 == 1 {
+                // A client that lost the answer retries the unchanged request.
+                let (s, again) = c.send(&users[from], &p);
+                assert_eq!(s, 200);
+                assert_eq!(u64_of(&again, "accepted_at"), u64_of(&v, "accepted_at"));
             }
-            if round == 3 {
-                b.relay.restart();
-            }
-            std::thread::sleep(Duration::from_millis(200));
+            sent.push(sent_from(from, to, &p));
         }
-        std::thread::sleep(Duration::from_secs(3));
-        a.proxy.heal();
-        b.proxy.heal();
-        let refs: Vec<&User> = users.iter().collect();
-        let summary = verify(
-            &c,
-            &refs,
-            &sent,
-            &[&a.proxy, &b.proxy],
-            &[&a.relay, &b.relay],
-            0,
-            Duration::from_secs(60),
-        );
-        eprintln!("   {summary:?}");
-        assert_eq!(summary.target_accepted, sent.len(), "{summary:?}");
-        let faulted: usize = summary
-            .faults
-            .iter()
-            .filter(|(k, _)| k.as_str() != "Pass")
-            .map(|(_, n)| n)
-            .sum();
-        assert!(
-            faulted >= 10,
-            "the proxies injected too few faults: {summary:?}"
-        );
-        // Each message is in its recipient's timeline, decrypted, exactly once.
-        for m in &sent {
-            assert_eq!(received(&c, &users[m.to], &m.id).len(), 1);
+        if round == 3 {
+            b.relay.restart();
         }
-    });
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    a.proxy.heal();
+    b.proxy.heal();
+    let refs: Vec<&User> = users.iter().collect();
+    let summary = verify(
+        &c,
+        &refs,
+        &sent,
+        &[&a.proxy, &b.proxy],
+        &[&a.relay, &b.relay],
+        0,
+        Duration::from_secs(60),
+    );
+    eprintln!("   {summary:?}");
+    assert_eq!(summary.target_accepted, sent.len(), "{summary:?}");
+    let faulted: usize = summary
+        .faults
+        .iter()
+        .filter(|(k, _)| k.as_str() != "Pass")
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        faulted >= 10,
+        "the proxies injected too few faults: {summary:?}"
+    );
+    // Each message is in its recipient's timeline, decrypted, exactly once.
+    for m in &sent {
+        assert_eq!(received(&c, &users[m.to], &m.id).len(), 1);
+    }
 }
+every_pair!(faults_between_relays_keep_every_invariant);
