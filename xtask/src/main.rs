@@ -51,6 +51,7 @@ fn build_wasm(package: &str) -> Result<PathBuf> {
         .current_dir(&root)
         .args([
             "build",
+            "--locked",
             "--release",
             "-p",
             package,
@@ -127,7 +128,7 @@ fn build_native(pkg: &Path) -> Result<()> {
     let root = root();
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
-        .args(["build", "--release", "-p", "relay-node-native"])
+        .args(["build", "--locked", "--release", "-p", "relay-node-native"])
         .status()
         .map_err(|e| format!("running cargo: {e}"))?;
     if !status.success() {
