@@ -126,7 +126,7 @@ impl Wasm {
         };
         let engine = engine.map_err(|e| anyhow::anyhow!("{e:#}"))?;
         let cfg = String::from_utf8(config().to_json())?;
-        let core = Core::load(&engine, path, store, cfg, [7u8; 32])
+        let core = Core::load(&engine, path, store, cfg, [7u8; 32], None)
             .map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
         Ok(Wasm { core, metered })
     }

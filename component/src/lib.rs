@@ -14,14 +14,13 @@ mod guest {
 
     use bindings::relay::core::host;
     use bindings::relay::core::types as t;
-    use relay_core::engine::{
-        self, Caller, Config, Effect, Engine, Entropy, Outcome, PeerMethod, Response,
-    };
+    use relay_core::engine::{self, Caller, Config, Engine, Entropy};
     use relay_core::engine::{Storage, StorageError};
+    use relay_core::transport::{self, http, socket, Event, Fetch, Listener, Relay, Request, Step};
     use relay_core::wire::digest;
     use relay_core::wire::identity::RelayId;
-    use relay_core::wire::relay_request::{self, RelayHeaders};
     use relay_core::wire::signature::{self, SignatureError};
+    use relay_core::{Error, ErrorCode};
     use std::cell::RefCell;
 
     /// The host's storage, through the `host` import.
@@ -87,28 +86,18 @@ mod guest {
         }
     }
 
-    struct State {
-        engine: Engine<HostStorage, HostEntropy>,
-        seed: [u8; 32],
-    }
-
     thread_local! {
-        static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+        static RELAY: RefCell<Option<Relay<HostStorage, HostEntropy>>> = const { RefCell::new(None) };
     }
 
-    fn not_ready() -> Response {
-        Response {
-            result: Err(relay_core::Error::new(
-                relay_core::ErrorCode::Internal,
-                "component not initialized",
-            )),
-            effects: Vec::new(),
-        }
-    }
+    const NOT_READY: &str = "component not initialized";
 
-    fn with<R>(f: impl FnOnce(&mut State) -> R, otherwise: impl FnOnce() -> R) -> R {
-        STATE.with(|s| match s.borrow_mut().as_mut() {
-            Some(state) => f(state),
+    fn with<R>(
+        f: impl FnOnce(&mut Relay<HostStorage, HostEntropy>) -> R,
+        otherwise: impl FnOnce() -> R,
+    ) -> R {
+        RELAY.with(|s| match s.borrow_mut().as_mut() {
+            Some(relay) => f(relay),
             None => otherwise(),
         })
     }
@@ -125,74 +114,77 @@ mod guest {
         }
     }
 
-    fn effects(list: Vec<Effect>) -> Vec<t::Effect> {
+    fn pairs<K: ToString>(headers: Vec<(K, String)>) -> Vec<(String, String)> {
+        headers
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    fn events(list: Vec<Event>) -> Vec<t::Event> {
         list.into_iter()
             .map(|e| match e {
-                Effect::Send {
-                    task,
-                    attempt,
-                    target,
-                    method,
-                    body,
-                } => t::Effect::Send(t::PeerRequest {
-                    task,
-                    attempt,
-                    target: target.as_str().to_string(),
-                    method: match method {
-                        PeerMethod::Deliver => t::PeerMethod::Deliver,
-                        PeerMethod::RouteGet => t::PeerMethod::RouteGet,
-                    },
-                    body,
+                Event::Send(p) => t::Event::Send(t::PeerRequest {
+                    task: p.task,
+                    attempt: p.attempt,
+                    target: p.target,
+                    url: p.url,
+                    headers: pairs(p.headers),
+                    body: p.body,
+                    timeout_ms: p.timeout_ms,
                 }),
-                Effect::WakeAt(at) => t::Effect::WakeAt(at),
-                Effect::Notify {
+                Event::WakeAt(at) => t::Event::WakeAt(at),
+                Event::Notify {
                     account,
                     latest_seq,
-                } => t::Effect::Notify(t::Notify {
+                    frame,
+                } => t::Event::Notify(t::Notify {
                     account,
                     latest_seq,
+                    frame,
                 }),
-                Effect::DeliveryEnded {
+                Event::Close {
+                    account,
+                    device_id,
+                    code,
+                    reason,
+                } => t::Event::Close(t::Close {
+                    account,
+                    device_id,
+                    code,
+                    reason: reason.to_string(),
+                }),
+                Event::DeliveryEnded {
                     from,
                     message_id,
                     to,
                     status,
                     error_code,
-                } => t::Effect::DeliveryEnded(t::DeliveryEnd {
+                } => t::Event::DeliveryEnded(t::DeliveryEnd {
                     from,
                     message_id,
                     to,
                     status: status.to_string(),
                     error_code,
                 }),
-                Effect::EndDeviceSessions { account, device_id } => {
-                    t::Effect::EndDeviceSessions(t::DeviceRef { account, device_id })
-                }
             })
             .collect()
     }
 
-    fn reply(r: Response) -> t::Reply {
-        t::Reply {
-            status: r.http_status(),
-            body: r.body(),
-            effects: effects(r.effects),
+    fn response(r: http::Response) -> t::HttpResponse {
+        t::HttpResponse {
+            status: r.status,
+            headers: pairs(r.headers),
+            body: r.body,
+            events: events(r.effects),
         }
     }
 
-    fn error_reply(e: relay_core::Error) -> t::Reply {
-        reply(Response {
-            result: Err(e),
-            effects: Vec::new(),
-        })
-    }
-
-    fn headers(h: t::RelayHeaders) -> RelayHeaders {
-        RelayHeaders {
-            relay_id: h.relay_id,
-            timestamp: h.timestamp,
-            nonce: h.nonce,
-            signature: h.signature,
+    fn fetch(f: t::Fetch) -> Fetch {
+        match f {
+            t::Fetch::Answered((status, body)) => Fetch::Answered(status, body),
+            t::Fetch::NotSent => Fetch::NotSent,
+            t::Fetch::Unknown => Fetch::Unknown,
         }
     }
 
@@ -203,16 +195,37 @@ mod guest {
         params: Vec<u8>,
         now: u64,
     ) -> t::Reply {
-        reply(with(
-            |s| s.engine.call_from(&caller(c), origin, method, &params, now),
-            not_ready,
-        ))
+        with(
+            |relay| {
+                let r = relay
+                    .engine()
+                    .call_from(&caller(c), origin, method, &params, now);
+                let (status, body) = (r.http_status(), r.body());
+                t::Reply {
+                    status,
+                    body,
+                    events: events(relay.events(r.effects, now)),
+                }
+            },
+            || {
+                let r = http::Response::error(&Error::new(ErrorCode::Internal, NOT_READY));
+                t::Reply {
+                    status: r.status,
+                    body: r.body,
+                    events: Vec::new(),
+                }
+            },
+        )
     }
 
     struct Component;
 
     impl bindings::Guest for Component {
-        fn init(config: String, relay_seed: Vec<u8>) -> Result<(), String> {
+        fn init(
+            config: String,
+            relay_seed: Vec<u8>,
+            operator_token: Option<String>,
+        ) -> Result<(), String> {
             let config = Config::from_json(config.as_bytes())?;
             let seed: [u8; 32] = relay_seed
                 .try_into()
@@ -222,9 +235,89 @@ mod guest {
             engine.open_store()?;
             signature::set_verifier(Some(host_verify));
             digest::set_hasher(Some(host_sha256));
-            STATE.with(|s| *s.borrow_mut() = Some(State { engine, seed }));
+            let relay = Relay::new(engine, &seed, operator_token.as_deref());
+            RELAY.with(|s| *s.borrow_mut() = Some(relay));
             host::log(host::Level::Info, "relay core component initialized");
             Ok(())
+        }
+        fn handle(request: t::HttpRequest, now: u64) -> t::Step {
+            let req = Request {
+                listener: match request.listener {
+                    t::Listener::Public => Listener::Public,
+                    t::Listener::Admin => Listener::Admin,
+                },
+                method: request.method,
+                path: request.path,
+                query: request.query,
+                headers: request.headers,
+                body: request.body,
+                origin: request.origin,
+            };
+            let step = with(
+                |relay| relay.handle(&req, now),
+                || Step::Respond(http::Response::fail(ErrorCode::Internal, NOT_READY)),
+            );
+            match step {
+                Step::Respond(r) => t::Step::Respond(response(r)),
+                Step::FetchKey { relay, url } => t::Step::FetchKey(t::KeyFetch { relay, url }),
+                Step::Upgrade(u) => t::Step::Upgrade(t::Upgrade {
+                    token: u.token,
+                    account: u.account,
+                    device_id: u.device_id,
+                    expires_at: u.expires_at,
+                }),
+                Step::Backup { path } => t::Step::Backup(path),
+            }
+        }
+        fn message(token: String, origin: Option<String>, text: String, now: u64) -> t::WsAnswer {
+            let a = with(
+                |relay| relay.message(&token, origin.as_deref(), &text, now),
+                || transport::Answer {
+                    text: socket::answer_frame(
+                        socket::frame_id(&text),
+                        500,
+                        &http::Response::fail(ErrorCode::Internal, NOT_READY).body,
+                    ),
+                    close: None,
+                    effects: Vec::new(),
+                },
+            );
+            t::WsAnswer {
+                text: a.text,
+                close: a.close.map(|(code, reason)| (code, reason.to_string())),
+                events: events(a.effects),
+            }
+        }
+        fn key_fetched(relay: String, f: t::Fetch, now: u64) {
+            with(|r| r.key_fetched(&relay, fetch(f), now), || ())
+        }
+        fn fetched(task: String, attempt: u32, f: t::Fetch, now: u64) -> Vec<t::Event> {
+            events(with(|r| r.fetched(&task, attempt, fetch(f), now), Vec::new))
+        }
+        fn tick(now: u64) -> t::TickReport {
+            let r = with(
+                |relay| relay.tick(now),
+                || transport::Tick {
+                    events: Vec::new(),
+                    quarantined: Vec::new(),
+                    error: Some(NOT_READY.to_string()),
+                },
+            );
+            if let Some(e) = &r.error {
+                host::log(host::Level::Error, &format!("tick: {e}"));
+            }
+            // Entries the tick had to set aside: each is logged (admin.quarantine lists them).
+            for entry in &r.quarantined {
+                host::log(
+                    host::Level::Warn,
+                    &format!("tick: an entry was quarantined: {entry}"),
+                );
+            }
+            t::TickReport {
+                events: events(r.events),
+                quarantined: r.quarantined,
+                error: r.error,
+            }
         }
         fn send(c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
             call(c, None, "message.send", params, now)
@@ -247,175 +340,18 @@ mod guest {
         ) -> t::Reply {
             call(c, origin.as_deref(), &method, params, now)
         }
-        fn outcome(task: String, attempt: u32, outcome: t::Outcome, now: u64) -> Vec<t::Effect> {
-            let outcome = match outcome {
-                t::Outcome::Answered(b) => Outcome::Result(b),
-                t::Outcome::Rejected(b) => Outcome::Error(b),
-                t::Outcome::Unknown => Outcome::Unknown,
-                t::Outcome::NotAttempted => Outcome::NotAttempted,
-            };
-            effects(with(
-                |s| s.engine.outcome(&task, attempt, outcome, now),
-                Vec::new,
-            ))
-        }
-        fn tick(now: u64) -> Vec<t::Effect> {
-            let r = with(|s| s.engine.try_tick(now), not_ready);
-            match &r.result {
-                Err(e) => host::log(host::Level::Error, &format!("tick: {e}")),
-                Ok(v) => {
-                    // Entries the tick had to set aside: each is logged (admin.quarantine lists them).
-                    let set_aside = v
-                        .as_object()
-                        .and_then(|o| o.get("quarantined"))
-                        .and_then(|q| match q {
-                            relay_core::wire::json::Value::Array(a) => Some(a.as_slice()),
-                            _ => None,
-                        })
-                        .unwrap_or(&[]);
-                    for entry in set_aside {
-                        host::log(
-                            host::Level::Warn,
-                            &format!(
-                                "tick: an entry was quarantined: {}",
-                                relay_core::wire::canonical::to_string(entry)
-                            ),
-                        );
-                    }
-                }
-            }
-            effects(r.effects)
-        }
-        fn next_wake() -> Option<u64> {
-            with(|s| s.engine.next_wake().ok().flatten(), || None)
-        }
-        fn session(token: String, now: u64) -> Result<t::SessionInfo, t::Reply> {
-            with(
-                |s| s.engine.session_info(&token, now),
-                || {
-                    Err(relay_core::Error::new(
-                        relay_core::ErrorCode::Internal,
-                        "component not initialized",
-                    ))
-                },
-            )
-            .map(|i| t::SessionInfo {
-                account: i.account,
-                device_id: i.device_id,
-                expires_at: i.expires_at,
-            })
-            .map_err(error_reply)
-        }
-        fn sign_request(
-            method: String,
-            target: String,
-            body: Vec<u8>,
-            now: u64,
-        ) -> Result<t::RelayHeaders, String> {
-            let to = RelayId::parse(&target)?;
-            let mut nonce = [0u8; 16];
-            HostEntropy.fill(&mut nonce);
-            with(
-                |s| {
-                    let c = s.engine.config();
-                    let h = relay_request::sign(
-                        &s.seed, &c.network, &method, &c.relay, &to, now, &nonce, &body,
-                    );
-                    Ok(t::RelayHeaders {
-                        relay_id: h.relay_id,
-                        timestamp: h.timestamp,
-                        nonce: h.nonce,
-                        signature: h.signature,
-                    })
-                },
-                || Err("component not initialized".to_string()),
-            )
-        }
-        fn check_request(
-            h: t::RelayHeaders,
-            method: String,
-            body: Vec<u8>,
-            now: u64,
-        ) -> Result<String, t::Reply> {
-            with(
-                |s| {
-                    let c = s.engine.config();
-                    relay_request::precheck(
-                        &headers(h),
-                        &c.network,
-                        &c.relay,
-                        &method,
-                        &body,
-                        now,
-                        c.policies.clock_tolerance,
-                    )
-                    .map(|p| p.source.as_str().to_string())
-                },
-                || {
-                    Err(relay_core::Error::new(
-                        relay_core::ErrorCode::Internal,
-                        "component not initialized",
-                    ))
-                },
-            )
-            .map_err(error_reply)
-        }
-        fn authenticate_request(
-            h: t::RelayHeaders,
-            method: String,
-            body: Vec<u8>,
-            now: u64,
-            source_key: Vec<u8>,
-        ) -> Result<String, t::Reply> {
-            with(
-                |s| {
-                    let c = s.engine.config();
-                    let p = relay_request::precheck(
-                        &headers(h),
-                        &c.network,
-                        &c.relay,
-                        &method,
-                        &body,
-                        now,
-                        c.policies.clock_tolerance,
-                    )?;
-                    let key: [u8; 32] = source_key.try_into().map_err(|_| {
-                        relay_core::Error::new(
-                            relay_core::ErrorCode::Unauthenticated,
-                            "relay key must be 32 bytes",
-                        )
-                    })?;
-                    s.engine
-                        .authenticate_relay(&p, &key, now)
-                        .map(|r| r.as_str().to_string())
-                },
-                || {
-                    Err(relay_core::Error::new(
-                        relay_core::ErrorCode::Internal,
-                        "component not initialized",
-                    ))
-                },
-            )
-            .map_err(error_reply)
+        fn well_known() -> Vec<u8> {
+            with(|r| r.well_known(), Vec::new)
         }
         fn metrics() -> Result<String, String> {
             with(
-                |s| {
-                    s.engine
+                |r| {
+                    r.engine()
                         .metrics()
                         .map(|m| m.to_prometheus())
                         .map_err(|e| format!("reading the metrics: {e}"))
                 },
-                || Err("component not initialized".to_string()),
-            )
-        }
-        fn well_known() -> Vec<u8> {
-            with(
-                |s| {
-                    let key = relay_request::public_key(&s.seed);
-                    relay_core::wire::canonical::to_vec(&s.engine.well_known(&key))
-                },
-                Vec::new,
+                || Err(NOT_READY.to_string()),
             )
         }
     }

@@ -12,7 +12,9 @@ use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
 wasmtime::component::bindgen!({ world: "relay", path: "../wit" });
 
 use relay::core::host;
-pub use relay::core::types::{PeerMethod, PeerRequest};
+pub use relay::core::types::{
+    Close, DeliveryEnd, HttpResponse, KeyFetch, Listener, Notify, PeerRequest, Upgrade,
+};
 
 /// Fuel for one call of a metered engine: far above any legitimate operation.
 const FUEL_PER_CALL: u64 = 20_000_000_000;
@@ -29,7 +31,8 @@ pub struct HostState {
     own_sha256: bool,
     /// Envelope signatures the HTTP workers verified ahead of the core thread.
     pre: Option<Arc<Preverify>>,
-    /// The session token of the message.send in progress (what `pre` learns keys for).
+    /// The session token of the message.send in progress (what `pre` learns keys for): the
+    /// host's hint, from the request's path or the frame it parsed natively.
     sending: Option<String>,
     /// Storage calls that failed (a call that saw one cannot be trusted to have read
     /// everything: `Core::next_wake` reports it as failed).
@@ -153,6 +156,8 @@ pub struct Core {
     linker: Linker<HostState>,
     config_json: String,
     seed: [u8; 32],
+    /// The operator token the core opens the admin API to.
+    operator_token: Option<String>,
     /// The instance; none once a trapped one could not be replaced ([`Core::failed`]).
     live: Option<Live>,
     /// The storage, held here once no instance holds it: only the open group is still
@@ -207,6 +212,7 @@ fn instantiate(
     store: Grouped<AnyStore>,
     config_json: &str,
     seed: &[u8; 32],
+    operator_token: Option<&str>,
 ) -> Result<Live, (wasmtime::Error, Box<Grouped<AnyStore>>)> {
     let limits = StoreLimitsBuilder::new()
         .memory_size(MEMORY_LIMIT)
@@ -237,7 +243,7 @@ fn instantiate(
         s.set_epoch_deadline(u64::MAX / 2);
         let instance = Relay::instantiate(&mut *s, component, linker)?;
         instance
-            .call_init(&mut *s, config_json, seed)?
+            .call_init(&mut *s, config_json, seed, operator_token)?
             .map_err(|e| wasmtime::format_err!("core init: {e}"))?;
         Ok(instance)
     };
@@ -248,13 +254,15 @@ fn instantiate(
 }
 
 impl Core {
-    /// Loads the component at `path` over `store`, with the engine configuration as JSON.
+    /// Loads the component at `path` over `store`, with the engine configuration as JSON,
+    /// the relay's key seed and the operator token (none: no operator API).
     pub fn load(
         engine: &Engine,
         path: &Path,
         store: AnyStore,
         config_json: String,
         seed: [u8; 32],
+        operator_token: Option<String>,
     ) -> wasmtime::Result<Core> {
         let bytes =
             std::fs::read(path).map_err(|e| wasmtime::format_err!("{}: {e}", path.display()))?;
@@ -269,8 +277,16 @@ impl Core {
         let mut linker = Linker::new(engine);
         Relay::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         let store = Grouped::new(store);
-        let live = instantiate(engine, &component, &linker, store, &config_json, &seed)
-            .map_err(|(e, _)| e)?;
+        let live = instantiate(
+            engine,
+            &component,
+            &linker,
+            store,
+            &config_json,
+            &seed,
+            operator_token.as_deref(),
+        )
+        .map_err(|(e, _)| e)?;
         let metered = live.store.get_fuel().is_ok();
         Ok(Core {
             engine: engine.clone(),
@@ -278,6 +294,7 @@ impl Core {
             linker,
             config_json,
             seed,
+            operator_token,
             live: Some(live),
             orphaned: None,
             traps: 0,
@@ -336,6 +353,7 @@ impl Core {
             store,
             &self.config_json,
             &self.seed,
+            self.operator_token.as_deref(),
         ) {
             Ok(mut live) => {
                 live.store.data_mut().pre = self.pre.clone();
@@ -401,79 +419,97 @@ impl Core {
 
     /// Calls a protocol method for an in-process caller (no network address).
     pub fn call(&mut self, caller: &Caller, method: &str, params: &[u8], now: u64) -> Reply {
-        self.call_from(caller, None, method, params, now)
-    }
-
-    /// Calls a protocol method for a caller that reached the host from network address
-    /// `origin` (its IP address, no port): anonymous calls are limited per address too.
-    pub fn call_from(
-        &mut self,
-        caller: &Caller,
-        origin: Option<&str>,
-        method: &str,
-        params: &[u8],
-        now: u64,
-    ) -> Reply {
         let sending = match caller {
-            Caller::Session(t) if method == "message.send" && self.pre.is_some() => Some(t.clone()),
+            Caller::Session(t) if method == "message.send" => Some(t.as_str()),
             _ => None,
         };
+        self.hinted(sending, |i, s| {
+            i.call_call(s, caller, None, method, params, now)
+        })
+        .unwrap_or_else(internal_reply)
+    }
+
+    /// Runs `f` with the hint that it is `token`'s message.send (`pre` learns its key).
+    fn hinted<R>(
+        &mut self,
+        token: Option<&str>,
+        f: impl FnOnce(&Relay, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Option<R> {
+        let sending = token.filter(|_| self.pre.is_some()).map(str::to_string);
         if let Some(live) = &mut self.live {
             live.store.data_mut().sending = sending;
         }
-        let r = self
-            .guarded(|i, s| i.call_call(s, caller, origin, method, params, now))
-            .unwrap_or_else(internal_reply);
+        let r = self.guarded(f);
         if let Some(live) = &mut self.live {
             live.store.data_mut().sending = None;
         }
         r
     }
 
-    /// Reports a delivery outcome; an error if the call trapped or the storage failed during
-    /// it (nothing of it was kept: the host may report it again).
-    pub fn outcome(
+    /// One HTTP request, to the core: `sending` is the session token when the host saw it is
+    /// a message.send. After a trap, the `internal` answer: nothing was accepted.
+    pub fn handle(&mut self, req: &HttpRequest, sending: Option<&str>, now: u64) -> Step {
+        self.hinted(sending, |i, s| i.call_handle(s, req, now))
+            .unwrap_or_else(|| Step::Respond(uncommitted_response()))
+    }
+
+    /// One WebSocket text message of `token`'s socket (`sending`: the host saw a message.send).
+    pub fn message(
+        &mut self,
+        token: &str,
+        origin: Option<&str>,
+        text: &str,
+        sending: bool,
+        now: u64,
+    ) -> WsAnswer {
+        self.hinted(sending.then_some(token), |i, s| {
+            i.call_message(s, token, origin, text, now)
+        })
+        .unwrap_or_else(|| uncommitted_answer(text))
+    }
+
+    /// Reports what became of a key fetch the core asked for (lost with a trap: the core
+    /// then asks again).
+    pub fn key_fetched(&mut self, relay: &str, fetch: &Fetch, now: u64) {
+        let _ = self.guarded(|i, s| i.call_key_fetched(s, relay, fetch, now));
+    }
+
+    /// Reports what became of a send; an error if the call trapped or the storage failed
+    /// during it (nothing of it was kept: the host may report it again).
+    pub fn fetched(
         &mut self,
         task: &str,
         attempt: u32,
-        outcome: &Outcome,
+        fetch: &Fetch,
         now: u64,
-    ) -> Result<Vec<Effect>, String> {
+    ) -> Result<Vec<Event>, String> {
         let before = self.storage_errors();
-        match self.guarded(|i, s| i.call_outcome(s, task, attempt, outcome, now)) {
+        match self.guarded(|i, s| i.call_fetched(s, task, attempt, fetch, now)) {
             None => Err("the core trapped".into()),
             Some(_) if self.storage_errors() != before => Err("the storage failed".into()),
             Some(e) => Ok(e),
         }
     }
 
-    /// Runs what is due; `None` if the tick trapped.
-    pub fn tick(&mut self, now: u64) -> Option<Vec<Effect>> {
+    /// Runs what is due; `None` if the tick trapped. A storage call that failed during it
+    /// is reported as the tick's error (what it read may be incomplete).
+    pub fn tick(&mut self, now: u64) -> Option<TickReport> {
         let trap = self
             .faults
             .as_ref()
             .is_some_and(|f| f.trap_ticks.load(std::sync::atomic::Ordering::Relaxed));
-        self.guarded(|i, s| {
+        let before = self.storage_errors();
+        let mut r = self.guarded(|i, s| {
             if trap {
                 // The deadline has passed before the tick starts: a real epoch trap.
                 s.set_epoch_deadline(0);
             }
             i.call_tick(s, now)
-        })
-    }
-
-    /// When the core wants its next tick; an error if the call trapped or a storage read
-    /// failed during it (the core then answers "none", which would be wrong).
-    pub fn next_wake(&mut self) -> Result<Option<u64>, String> {
-        let before = self.storage_errors();
-        let r = self.guarded(|i, s| i.call_next_wake(s));
-        match r {
-            None => Err("the core trapped".into()),
-            Some(_) if self.storage_errors() != before => {
-                Err("the storage could not be read".into())
-            }
-            Some(w) => Ok(w),
+        })?;
+        if self.storage_errors() != before && r.error.is_none() {
+            r.error = Some("the storage failed during the tick".into());
         }
+        Some(r)
     }
 
     /// Storage calls that failed so far (this instance's).
@@ -481,49 +517,6 @@ impl Core {
         self.live
             .as_ref()
             .map_or(0, |l| l.store.data().storage_errors)
-    }
-
-    /// The holder of a session token.
-    pub fn session(&mut self, token: &str, now: u64) -> Result<SessionInfo, Reply> {
-        self.guarded(|i, s| i.call_session(s, token, now))
-            .unwrap_or_else(|| Err(internal_reply()))
-    }
-
-    /// Signs an outbound relay request.
-    pub fn sign_request(
-        &mut self,
-        method: &str,
-        target: &str,
-        body: &[u8],
-        now: u64,
-    ) -> Option<RelayHeaders> {
-        self.guarded(|i, s| i.call_sign_request(s, method, target, body, now))
-            .and_then(|r| r.ok())
-    }
-
-    /// Cheap checks of an inbound relay request; the source relay id.
-    pub fn check_request(
-        &mut self,
-        h: &RelayHeaders,
-        method: &str,
-        body: &[u8],
-        now: u64,
-    ) -> Result<String, Reply> {
-        self.guarded(|i, s| i.call_check_request(s, h, method, body, now))
-            .unwrap_or_else(|| Err(internal_reply()))
-    }
-
-    /// Verifies an inbound relay request under the source's key.
-    pub fn authenticate_request(
-        &mut self,
-        h: &RelayHeaders,
-        method: &str,
-        body: &[u8],
-        now: u64,
-        key: &[u8],
-    ) -> Result<String, Reply> {
-        self.guarded(|i, s| i.call_authenticate_request(s, h, method, body, now, key))
-            .unwrap_or_else(|| Err(internal_reply()))
     }
 
     /// The engine's own counts in the Prometheus text format; an error if the store could
@@ -552,12 +545,38 @@ impl Core {
     }
 }
 
-/// The answer after a trap: nothing was committed.
+/// An in-process call's answer after a trap or a failed group commit: nothing was accepted.
 pub fn internal_reply() -> Reply {
+    let r = relay_core::transport::Response::uncommitted();
     Reply {
-        status: 500,
-        body: br#"{"error":{"code":"internal","message":"the relay core failed; nothing was accepted"}}"#.to_vec(),
-        effects: Vec::new(),
+        status: r.status,
+        body: r.body,
+        events: Vec::new(),
+    }
+}
+
+/// An HTTP answer after a trap or a failed group commit: nothing was accepted.
+pub fn uncommitted_response() -> HttpResponse {
+    let r = relay_core::transport::Response::uncommitted();
+    HttpResponse {
+        status: r.status,
+        headers: r
+            .headers
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        body: r.body,
+        events: Vec::new(),
+    }
+}
+
+/// The answer to WebSocket message `text` after a trap or a failed group commit.
+pub fn uncommitted_answer(text: &str) -> WsAnswer {
+    use relay_core::transport::{http, socket};
+    WsAnswer {
+        text: socket::answer_frame(socket::frame_id(text), 500, http::UNCOMMITTED),
+        close: None,
+        events: Vec::new(),
     }
 }
 
@@ -592,6 +611,7 @@ mod tests {
             store,
             String::from_utf8(config.to_json()).unwrap(),
             [7; 32],
+            None,
         )
         .unwrap_or_else(|e| panic!("{}: {e:#} (build it with `./x test`)", component.display()))
     }

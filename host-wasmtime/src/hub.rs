@@ -99,11 +99,8 @@ impl Hub {
         }
     }
 
-    /// Pushes `message.timeline.changed` to every connected device of the account.
-    pub fn notify(&self, account: &str, latest_seq: u64) {
-        let frame = format!(
-            "{{\"method\":\"message.timeline.changed\",\"params\":{{\"account\":\"{account}\",\"latest_seq\":{latest_seq}}}}}"
-        );
+    /// Pushes `frame` (the core's notification) to every connected device of the account.
+    pub fn notify(&self, account: &str, frame: &str) {
         if let Some(v) = self
             .by_account
             .lock()
@@ -111,13 +108,13 @@ impl Hub {
             .get(account)
         {
             for c in v {
-                c.out.push(Outgoing::Text(frame.clone()));
+                c.out.push(Outgoing::Text(frame.to_string()));
             }
         }
     }
 
-    /// Closes the device's sockets with 4401 (its sessions ended).
-    pub fn end_device(&self, account: &str, device: &str) {
+    /// Closes the device's sockets with the core's `code` and `reason` (its sessions ended).
+    pub fn close_device(&self, account: &str, device: &str, code: u16, reason: &str) {
         if let Some(v) = self
             .by_account
             .lock()
@@ -125,7 +122,7 @@ impl Hub {
             .get(account)
         {
             for c in v.iter().filter(|c| c.device == device) {
-                c.out.push(Outgoing::Close(4401, "device revoked".into()));
+                c.out.push(Outgoing::Close(code, reason.to_string()));
             }
         }
     }

@@ -17,10 +17,10 @@ pub mod settings;
 pub mod store;
 pub mod tls;
 
-pub use outbound::{refused_address, KeyLookup, Rules};
+pub use outbound::{refused_address, Rules};
 
 use anyhow::Context;
-use guest::{Core, Effect, Reply};
+use guest::{Core, Event, Reply};
 use relay_core::engine::{Config, MemoryStore};
 use relay_core::wire::identity::RelayId;
 use settings::Settings;
@@ -83,11 +83,6 @@ impl<T> Uncommitted for Option<T> {
         None
     }
 }
-impl<T> Uncommitted for Result<T, Reply> {
-    fn uncommitted() -> Result<T, Reply> {
-        Err(guest::internal_reply())
-    }
-}
 impl<A: Uncommitted, B: Uncommitted> Uncommitted for (A, B) {
     fn uncommitted() -> (A, B) {
         (A::uncommitted(), B::uncommitted())
@@ -133,8 +128,10 @@ impl CoreHandle {
         let job = Job::Call(Box::new(move |core| {
             let r = f(core);
             Box::new(move |durable| {
-                let _ = otx.send(if durable { r } else { R::uncommitted() });
+                // The place is given back before the answer wakes its request, so a caller
+                // that saw the answer finds it free.
                 drop(slot);
+                let _ = otx.send(if durable { r } else { R::uncommitted() });
             })
         }));
         if self.tx.send(job).is_err() {
@@ -165,6 +162,9 @@ pub struct App {
     pub core: CoreHandle,
     pub relay: RelayId,
     pub network: String,
+    /// The engine's clock tolerance (ms): the native precheck of a relay request's headers
+    /// before its envelope is pre-verified uses it as the core does.
+    pub clock_tolerance: u64,
     pub max_request_bytes: usize,
     /// The transports' limits.
     pub limits: settings::Limits,
@@ -204,7 +204,7 @@ impl App {
         self.pending.load(Ordering::Acquire)
     }
 
-    /// Key fetches for relay requests started so far.
+    /// Key fetches (GETs of a peer's `/.well-known/relay`) this host started so far.
     pub fn key_fetches(&self) -> u64 {
         self.peers.key_fetches()
     }
@@ -214,18 +214,18 @@ impl App {
         self.hub.close_all();
     }
 
-    /// Executes a call's effects: outbound deliveries, timers, notifications, session ends.
-    pub fn dispatch(self: &Arc<App>, effects: Vec<Effect>) {
-        for e in effects {
+    /// Executes a call's events: outbound requests, timers, notifications, closes.
+    pub fn dispatch(self: &Arc<App>, events: Vec<Event>) {
+        for e in events {
             match e {
-                Effect::Send(req) => {
+                Event::Send(req) => {
                     let app = self.clone();
                     tokio::spawn(async move { outbound::attempt(app, req).await });
                 }
-                // The earliest wins: effects of calls committed in one order may be
+                // The earliest wins: events of calls committed in one order may be
                 // dispatched in another, and a wake-up too early costs one idle tick (which
-                // reads the core's next wake-up afresh) while one too late delays work.
-                Effect::WakeAt(at) => {
+                // tells the next wake-up afresh) while one too late delays work.
+                Event::WakeAt(at) => {
                     self.wake.send_if_modified(|w| match *w {
                         Some(now) if now <= at => false,
                         _ => {
@@ -234,9 +234,12 @@ impl App {
                         }
                     });
                 }
-                Effect::Notify(n) => self.hub.notify(&n.account, n.latest_seq),
-                Effect::EndDeviceSessions(d) => self.hub.end_device(&d.account, &d.device_id),
-                Effect::DeliveryEnded(d) => {
+                Event::Notify(n) => self.hub.notify(&n.account, &n.frame),
+                Event::Close(c) => {
+                    self.hub
+                        .close_device(&c.account, &c.device_id, c.code, &c.reason)
+                }
+                Event::DeliveryEnded(d) => {
                     if self.log_events {
                         tracing::info!(
                             target: "relay::event",
@@ -254,11 +257,8 @@ impl App {
     }
 
     /// Logs an accepted message from the DeliveryStatus its call answered (ids only).
-    fn log_accepted(method: &'static str, body: &[u8]) {
-        let Ok(v) = relay_core::wire::json::parse(body) else {
-            return;
-        };
-        let Some(o) = v.as_object() else {
+    pub(crate) fn log_accepted(method: &'static str, result: &relay_core::wire::json::Value) {
+        let Some(o) = result.as_object() else {
             return;
         };
         let field = |k: &str| o.get(k).and_then(relay_core::wire::json::Value::as_str);
@@ -271,46 +271,6 @@ impl App {
             to = field("to"),
             status = field("status"),
         );
-    }
-
-    /// Calls a method for a caller that connected from `origin` (the peer's IP address) and
-    /// executes its effects; the reply goes back to the caller.
-    pub async fn call(
-        self: &Arc<App>,
-        caller: guest::Caller,
-        origin: Option<String>,
-        method: String,
-        params: Vec<u8>,
-    ) -> Reply {
-        self.call_holding(None, caller, origin, method, params)
-            .await
-    }
-
-    /// As [`App::call`], the job holding the request's `slot`.
-    pub async fn call_holding(
-        self: &Arc<App>,
-        slot: Option<Slot>,
-        caller: guest::Caller,
-        origin: Option<String>,
-        method: String,
-        params: Vec<u8>,
-    ) -> Reply {
-        let logged = match method.as_str() {
-            "message.send" if self.log_events => Some("message.send"),
-            "message.deliver" if self.log_events => Some("message.deliver"),
-            _ => None,
-        };
-        let mut reply = self
-            .core
-            .run_holding(slot, move |c| {
-                c.call_from(&caller, origin.as_deref(), &method, &params, now_ms())
-            })
-            .await;
-        if let (Some(m), 200) = (logged, reply.status) {
-            App::log_accepted(m, &reply.body);
-        }
-        self.dispatch(std::mem::take(&mut reply.effects));
-        reply
     }
 }
 
@@ -574,6 +534,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     let health = Arc::new(ops::Health::default());
     let (core_metrics, core_health) = (metrics.clone(), health.clone());
     let faults = settings.faults.clone();
+    let core_token = admin_token.clone();
     let (wake_tx, wake_rx) = watch::channel(None);
     let core_wake = wake_tx.clone();
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
@@ -592,7 +553,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
                 None => store,
             };
             let core = store.and_then(|s| {
-                Core::load(&engine, &component, s, config_json, seed)
+                Core::load(&engine, &component, s, config_json, seed, Some(core_token))
                     .map_err(|e| anyhow::anyhow!("loading {}: {e:#}", component.display()))
             });
             let mut core = match core {
@@ -658,6 +619,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         core: CoreHandle { tx },
         relay: relay.clone(),
         network: settings.network.clone(),
+        clock_tolerance: config.policies.clock_tolerance,
         max_request_bytes: settings.policies.max_request_bytes as usize,
         limits: settings.limits,
         pending: Arc::new(AtomicUsize::new(0)),
@@ -675,12 +637,8 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         core_calls: std::sync::atomic::AtomicU64::new(0),
         preverify: pre,
     });
-    let first = match app.core.run(|c| Some(c.next_wake())).await {
-        Some(Ok(w)) => w,
-        // Unread: ask again shortly rather than never.
-        _ => Some(now_ms() + RETRY_FIRST_MS),
-    };
-    app.wake.send_replace(first);
+    // The first tick runs at once: its events end with the core's next wake-up.
+    app.wake.send_replace(Some(now_ms()));
     tokio::spawn(timer(app.clone(), wake_rx));
 
     // The admin listener's address, for `relay admin` and scripts, before either listener
@@ -790,19 +748,18 @@ fn run_group(
     alone
 }
 
-/// The first retry of the timer after a tick that trapped, a wake-up that could not be read
-/// or a group commit that failed (ms); each failure in a row doubles it, up to
-/// [`RETRY_MAX_MS`].
+/// The first retry of the timer after a tick that trapped or failed, or a group commit that
+/// failed (ms); each failure in a row doubles it, up to [`RETRY_MAX_MS`].
 pub const RETRY_FIRST_MS: u64 = 100;
 /// The longest wait between two retries of a failing tick (ms).
 pub const RETRY_MAX_MS: u64 = 10_000;
 
 /// Sleeps until the core's next wake-up, ticks it, and repeats.
 ///
-/// The timer stays armed whatever fails: a tick that trapped, a group commit that failed or
-/// a next wake-up that could not be read is retried, first after [`RETRY_FIRST_MS`], then
-/// after twice as long each time in a row, up to [`RETRY_MAX_MS`] (never in a tight loop);
-/// the first tick that succeeds ends the backoff.
+/// The timer stays armed whatever fails: a tick that trapped or reported an error, or a
+/// group commit that failed, is retried, first after [`RETRY_FIRST_MS`], then after twice
+/// as long each time in a row, up to [`RETRY_MAX_MS`] (never in a tight loop); the first
+/// tick that succeeds ends the backoff.
 async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
     let mut backoff = 0u64;
     let mut not_before = tokio::time::Instant::now();
@@ -825,21 +782,30 @@ async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
                 let metrics = app.metrics.clone();
                 let ran = app.core.run(move |c| {
                     let started = std::time::Instant::now();
-                    let e = c.tick(now_ms());
+                    let r = c.tick(now_ms());
                     metrics.tick_duration.observe(started.elapsed().as_secs_f64());
-                    Some((e, c.next_wake()))
+                    Some(r)
                 }).await;
-                let (effects, next, failed) = match ran {
-                    None => (Vec::new(), None, Some("the tick's group commit failed".to_string())),
-                    Some((None, next)) => (Vec::new(), next.ok(), Some("the tick trapped".to_string())),
-                    Some((Some(e), Ok(next))) => (e, Some(next), None),
-                    Some((Some(e), Err(why))) => (e, None, Some(format!("the next wake-up could not be read: {why}"))),
+                let (mut events, failed) = match ran {
+                    None => (Vec::new(), Some("the tick's group commit failed".to_string())),
+                    Some(None) => (Vec::new(), Some("the tick trapped".to_string())),
+                    Some(Some(r)) => (r.events, r.error),
                 };
+                // The tick's own wake-up replaces what the timer held (the core said it
+                // after everything this tick did); other events go out as any call's.
+                let mut next = None;
+                events.retain(|e| match e {
+                    Event::WakeAt(at) => {
+                        next = Some(next.map_or(*at, |n: u64| n.min(*at)));
+                        false
+                    }
+                    _ => true,
+                });
                 let next = match failed {
                     None => {
                         backoff = 0;
                         not_before = tokio::time::Instant::now();
-                        next.flatten()
+                        next
                     }
                     Some(why) => {
                         backoff = if backoff == 0 { RETRY_FIRST_MS } else { (backoff * 2).min(RETRY_MAX_MS) };
@@ -847,11 +813,11 @@ async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
                         not_before = tokio::time::Instant::now() + std::time::Duration::from_millis(backoff);
                         let retry = now_ms() + backoff;
                         // What the core asked for, if it could say; else (or later) the retry.
-                        Some(next.flatten().map_or(retry, |at| at.min(retry)))
+                        Some(next.map_or(retry, |at| at.min(retry)))
                     }
                 };
                 // What the core said after this tick stands, unless a wake-up was asked for
-                // meanwhile (another call's effects): then the earlier of the two.
+                // meanwhile (another call's events): then the earlier of the two.
                 let meanwhile = wake.has_changed().unwrap_or(false);
                 app.wake.send_modify(|w| {
                     *w = match (meanwhile, *w, next) {
@@ -860,7 +826,7 @@ async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
                         _ => next,
                     }
                 });
-                app.dispatch(effects);
+                app.dispatch(events);
             }
             changed = wake.changed() => {
                 if changed.is_err() {

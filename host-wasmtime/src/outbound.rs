@@ -1,4 +1,6 @@
-//! Calls to other relays: deliveries and route lookups (signed), and peers' published keys.
+//! Calls to other relays: the requests the core built and signed, and peers' published keys
+//! the core asked for. The core decides what to send and what the answer means; this is the
+//! HTTP client that carries them.
 //!
 //! Outbound safety (issue 18). Off the `dev` network a relay reaches peers over https only,
 //! and only at public addresses: a peer's name is resolved here, every address it resolves
@@ -8,10 +10,10 @@
 //! addresses, and the IPv4-mapped, IPv4-compatible, NAT64 and 6to4 forms of them; such a
 //! peer is *not attempted*. `--allow-private-peers` lifts the address check.
 //!
-//! Key fetches for inbound relay requests are limited ([`KeyFetches`]): one per claimed
-//! relay per 10 s, failures remembered for 60 s, 8 in flight in all.
+//! Key fetches for inbound relay requests are limited by the core's key book; the host only
+//! makes concurrent requests for one relay's key share one GET ([`KeyGets`]).
 
-use crate::guest::{Outcome, PeerMethod, PeerRequest};
+use crate::guest::{Fetch, PeerRequest};
 use crate::ops::AttemptOutcome;
 use crate::{now_ms, App};
 use bytes::Bytes;
@@ -20,15 +22,15 @@ use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use relay_core::wire::identity::RelayId;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -38,15 +40,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Largest answer read from a peer.
 const MAX_ANSWER: usize = 1 << 20;
-
-/// Per claimed relay id, at most one key fetch in this long.
-pub const KEY_FETCH_INTERVAL: Duration = Duration::from_secs(10);
-/// A failed key fetch is remembered this long: no fetch for that relay until then.
-pub const KEY_FETCH_NEGATIVE: Duration = Duration::from_secs(60);
-/// Key fetches in flight at most, all relays together; beyond it the request gets 503.
-pub const KEY_FETCH_CONCURRENCY: usize = 8;
-/// Relays whose keys, fetch times and failures are remembered, at most.
-const KEY_FETCH_MEMORY: usize = 65_536;
 
 /// Why an IPv4 address is refused as a peer, or `None` when it is public.
 fn refused_v4(b: [u8; 4]) -> Option<&'static str> {
@@ -293,157 +286,103 @@ impl tower_service::Service<hyper::Uri> for Connector {
     }
 }
 
-/// What a relay's key lookup found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeyLookup {
-    /// The key (cached or just fetched).
-    Key([u8; 32]),
-    /// None to use: the fetch failed, failed lately, or the relay's interval has not passed.
-    None,
-    /// A fetch is needed and [`KEY_FETCH_CONCURRENCY`] are in flight: answer 503.
-    Busy,
-}
-
-type Shared = watch::Receiver<Option<Option<[u8; 32]>>>;
-
+/// Key fetches in flight, by relay: a [`Step::FetchKey`](relay_core::transport::Step) for a
+/// relay whose GET is already under way waits for it instead of starting another.
 #[derive(Default)]
-struct KeyMemory {
-    keys: HashMap<String, [u8; 32]>,
-    /// When each relay's last fetch started.
-    last: HashMap<String, Instant>,
-    /// Until when each relay's failure is remembered.
-    failed: HashMap<String, Instant>,
-    /// Fetches in flight, by relay: later askers wait for the same one.
-    inflight: HashMap<String, Shared>,
-    /// Fetches made (tests).
-    fetches: u64,
+pub struct KeyGets {
+    inflight: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    /// GETs started so far (tests).
+    started: AtomicU64,
 }
 
-/// Sets `k` in a bounded map: when it is full, what has expired goes, else all of it.
-fn remember<V>(m: &mut HashMap<String, V>, k: &str, v: V, live: impl Fn(&V) -> bool) {
-    if m.len() >= KEY_FETCH_MEMORY && !m.contains_key(k) {
-        m.retain(|_, v| live(v));
-        if m.len() >= KEY_FETCH_MEMORY {
-            m.clear();
-        }
-    }
-    m.insert(k.to_string(), v);
-}
-
-/// The key-fetch limits of protocol.md §6 for relay requests: a fetch per claimed relay at
-/// most once per [`KEY_FETCH_INTERVAL`], a failed fetch remembered for
-/// [`KEY_FETCH_NEGATIVE`], [`KEY_FETCH_CONCURRENCY`] in flight in all, and concurrent
-/// requests for the same relay sharing one fetch.
-#[derive(Default)]
-pub struct KeyFetches {
-    memory: Arc<Mutex<KeyMemory>>,
-}
-
-/// Takes a fetch off the in-flight map however it ends (its request may be dropped midway).
+/// Takes a fetch off the in-flight map however it ends, waking its waiters.
 struct InFlight {
-    memory: Arc<Mutex<KeyMemory>>,
+    app: Arc<App>,
     relay: String,
+    done: watch::Sender<bool>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.memory
+        self.app
+            .peers
+            .keys
+            .inflight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .inflight
             .remove(&self.relay);
+        let _ = self.done.send(true);
     }
 }
 
-impl KeyFetches {
-    /// Key fetches started so far (tests).
-    pub fn fetches(&self) -> u64 {
-        self.memory
+/// Carries out the core's `FetchKey` step: GETs `url` (no redirects, under the address
+/// rules), reports what came with `key_fetched`, and returns once that report is in; if a GET
+/// for `relay` is already in flight, waits for it instead. The GET runs on its own task, so
+/// a request that goes away meanwhile does not abandon it.
+pub async fn fetch_key(app: &Arc<App>, relay: String, url: String) {
+    let mut done = {
+        let mut m = app
+            .peers
+            .keys
+            .inflight
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .fetches
-    }
-
-    /// The relay's key: from the cache, else fetched with `fetch` within the limits.
-    /// `refresh` asks for a newer key than the cached one (a signature did not verify
-    /// under it): fetched only once the relay's interval has passed.
-    pub async fn get<F>(&self, relay: &str, refresh: bool, fetch: F) -> KeyLookup
-    where
-        F: Future<Output = Option<[u8; 32]>>,
-    {
-        enum Plan {
-            Done(KeyLookup),
-            Wait(Shared),
-            Fetch(watch::Sender<Option<Option<[u8; 32]>>>),
-        }
-        let plan = {
-            let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-            let cached = m.keys.get(relay).copied();
-            let now = Instant::now();
-            match (cached, m.inflight.get(relay)) {
-                (Some(k), _) if !refresh => Plan::Done(KeyLookup::Key(k)),
-                (_, Some(shared)) => Plan::Wait(shared.clone()),
-                _ if m.failed.get(relay).is_some_and(|until| *until > now) => {
-                    Plan::Done(KeyLookup::None)
-                }
-                _ if m
-                    .last
-                    .get(relay)
-                    .is_some_and(|at| now.duration_since(*at) < KEY_FETCH_INTERVAL) =>
-                {
-                    Plan::Done(match cached {
-                        Some(k) if !refresh => KeyLookup::Key(k),
-                        _ => KeyLookup::None,
-                    })
-                }
-                _ if m.inflight.len() >= KEY_FETCH_CONCURRENCY => Plan::Done(KeyLookup::Busy),
-                _ => {
-                    remember(&mut m.last, relay, now, |at| {
-                        now.duration_since(*at) < KEY_FETCH_INTERVAL
-                    });
-                    m.fetches += 1;
-                    let (tx, rx) = watch::channel(None);
-                    m.inflight.insert(relay.to_string(), rx);
-                    Plan::Fetch(tx)
-                }
-            }
-        };
-        let tx = match plan {
-            Plan::Done(l) => return l,
-            Plan::Wait(mut rx) => {
-                let got = rx.wait_for(Option::is_some).await.ok().and_then(|v| *v);
-                return got.flatten().map_or(KeyLookup::None, KeyLookup::Key);
-            }
-            Plan::Fetch(tx) => tx,
-        };
-        let _inflight = InFlight {
-            memory: self.memory.clone(),
-            relay: relay.to_string(),
-        };
-        let key = fetch.await;
-        {
-            let mut m = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-            let now = Instant::now();
-            match key {
-                Some(k) => {
-                    remember(&mut m.keys, relay, k, |_| false);
-                    m.failed.remove(relay);
-                }
-                None => remember(&mut m.failed, relay, now + KEY_FETCH_NEGATIVE, |until| {
-                    *until > now
-                }),
+            .unwrap_or_else(|e| e.into_inner());
+        match m.get(&relay) {
+            Some(rx) => rx.clone(),
+            None => {
+                let (tx, rx) = watch::channel(false);
+                m.insert(relay.clone(), rx.clone());
+                app.peers.keys.started.fetch_add(1, Ordering::Relaxed);
+                let guard = InFlight {
+                    app: app.clone(),
+                    relay,
+                    done: tx,
+                };
+                tokio::spawn(async move {
+                    let fetch = match guard
+                        .app
+                        .peers
+                        .exchange(hyper::Method::GET, &url, &[], Vec::new())
+                        .await
+                    {
+                        Exchange::Answered(s, body) => {
+                            if s != 200 {
+                                tracing::debug!(peer = %guard.relay, "key fetch: status {s}");
+                            }
+                            Fetch::Answered((s, body))
+                        }
+                        Exchange::NotSent(why) => {
+                            tracing::debug!(peer = %guard.relay, "key fetch not sent: {why}");
+                            Fetch::NotSent
+                        }
+                        Exchange::Unknown(why) => {
+                            tracing::debug!(peer = %guard.relay, "key fetch failed: {why}");
+                            Fetch::Unknown
+                        }
+                    };
+                    let relay = guard.relay.clone();
+                    guard
+                        .app
+                        .core
+                        .run(move |c| {
+                            c.key_fetched(&relay, &fetch, now_ms());
+                            Some(())
+                        })
+                        .await;
+                    drop(guard);
+                });
+                rx
             }
         }
-        let _ = tx.send(Some(key));
-        key.map_or(KeyLookup::None, KeyLookup::Key)
-    }
+    };
+    let _ = done.wait_for(|d| *d).await;
 }
 
 /// The HTTP client, the rules it connects by, and the limits on key fetches.
 pub struct Peers {
     client: Client<Connector, Full<Bytes>>,
     rules: Rules,
-    keys: KeyFetches,
+    keys: KeyGets,
     response_timeout: Duration,
 }
 
@@ -494,14 +433,14 @@ impl Peers {
         Peers {
             client: Client::builder(TokioExecutor::new()).build(connector),
             rules,
-            keys: KeyFetches::default(),
+            keys: KeyGets::default(),
             response_timeout,
         }
     }
 
-    /// Key fetches started so far (tests).
+    /// Key fetches (GETs) started so far.
     pub fn key_fetches(&self) -> u64 {
-        self.keys.fetches()
+        self.keys.started.load(Ordering::Relaxed)
     }
 
     /// Why `url` must not be reached under the rules, before any connection: a scheme other
@@ -538,6 +477,20 @@ impl Peers {
         headers: &[(&str, &str)],
         body: Vec<u8>,
     ) -> Exchange {
+        self.exchange_within(method, url, headers, body, self.response_timeout)
+            .await
+    }
+
+    /// One HTTP exchange that gives up after `within`; never follows redirects. The
+    /// headers go as given (`content-type: application/json` unless they name one).
+    pub async fn exchange_within(
+        &self,
+        method: hyper::Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+        within: Duration,
+    ) -> Exchange {
         let uri: hyper::Uri = match url.parse() {
             Ok(u) => u,
             Err(e) => return Exchange::NotSent(format!("{url}: {e}")),
@@ -545,10 +498,13 @@ impl Peers {
         if let Some(why) = self.refused_url(&uri) {
             return Exchange::NotSent(why);
         }
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("content-type", "application/json");
+        let mut req = hyper::Request::builder().method(method).uri(uri);
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            req = req.header("content-type", "application/json");
+        }
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -566,7 +522,7 @@ impl Peers {
                 .to_bytes();
             Ok::<_, anyhow::Error>((status, body.to_vec()))
         };
-        match tokio::time::timeout(self.response_timeout, fut).await {
+        match tokio::time::timeout(within, fut).await {
             Err(_) => Exchange::Unknown("timeout".into()),
             Ok(Ok((status, body))) => Exchange::Answered(status, body),
             Ok(Err(e)) => {
@@ -581,37 +537,6 @@ impl Peers {
             }
         }
     }
-
-    /// A peer relay's published key: cached, fetched from `{relay}/.well-known/relay` on a
-    /// miss or when `refresh`, within the limits of [`KeyFetches`].
-    pub async fn key(&self, relay: &RelayId, network: &str, refresh: bool) -> KeyLookup {
-        let fetch = async {
-            let url = format!("{}/.well-known/relay", relay.as_str());
-            match self
-                .exchange(hyper::Method::GET, &url, &[], Vec::new())
-                .await
-            {
-                Exchange::Answered(200, body) => {
-                    match relay_core::wire::relay_request::parse_well_known(&body, relay, network) {
-                        Ok(k) => Some(k),
-                        Err(e) => {
-                            tracing::warn!(peer = %relay, "bad /.well-known/relay: {e}");
-                            None
-                        }
-                    }
-                }
-                Exchange::Answered(s, _) => {
-                    tracing::debug!(peer = %relay, "key fetch: status {s}");
-                    None
-                }
-                Exchange::NotSent(why) | Exchange::Unknown(why) => {
-                    tracing::debug!(peer = %relay, "key fetch failed: {why}");
-                    None
-                }
-            }
-        };
-        self.keys.get(relay.as_str(), refresh, fetch).await
-    }
 }
 
 impl Default for Peers {
@@ -620,72 +545,56 @@ impl Default for Peers {
     }
 }
 
-/// Executes one `send` effect and reports its outcome to the core.
+/// Carries one `send` event (the core built and signed it) and reports what became of it.
 pub async fn attempt(app: Arc<App>, req: PeerRequest) {
-    let method = match req.method {
-        PeerMethod::Deliver => "message.deliver",
-        PeerMethod::RouteGet => "route.get",
-    };
-    let url = format!("{}/relay/v1/{method}", req.target);
-    let (target, body) = (req.target.clone(), req.body.clone());
     let started = std::time::Instant::now();
-    let headers = app
-        .core
-        .run(move |c| c.sign_request(method, &target, &body, now_ms()))
+    let headers: Vec<(&str, &str)> = req
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let within = Duration::from_millis(req.timeout_ms.max(1));
+    let exchange = app
+        .peers
+        .exchange_within(
+            hyper::Method::POST,
+            &req.url,
+            &headers,
+            req.body.clone(),
+            within,
+        )
         .await;
-    let outcome = match headers {
-        None => Outcome::NotAttempted,
-        Some(h) => {
-            let pairs = [
-                ("Relay-Id", h.relay_id.as_str()),
-                ("Relay-Timestamp", h.timestamp.as_str()),
-                ("Relay-Nonce", h.nonce.as_str()),
-                ("Relay-Signature", h.signature.as_str()),
-            ];
-            match app.peers.exchange(hyper::Method::POST, &url, &pairs, req.body.clone()).await {
-                Exchange::Answered(200, body) => Outcome::Answered(body),
-                Exchange::Answered(s, _) if (300..400).contains(&s) => Outcome::Rejected(
-                    br#"{"error":{"code":"unavailable","message":"the peer answered with a redirect"}}"#.to_vec(),
-                ),
-                Exchange::Answered(s, body) => {
-                    tracing::debug!(peer = %req.target, status = s, "peer rejected {method}");
-                    Outcome::Rejected(body)
-                }
-                Exchange::NotSent(why) => {
-                    tracing::debug!(peer = %req.target, "not sent: {why}");
-                    Outcome::NotAttempted
-                }
-                Exchange::Unknown(why) => {
-                    tracing::debug!(peer = %req.target, "unknown outcome: {why}");
-                    Outcome::Unknown
-                }
-            }
+    let (fetch, seen) = match exchange {
+        Exchange::Answered(200, body) => (Fetch::Answered((200, body)), AttemptOutcome::Answered),
+        Exchange::Answered(s, body) => {
+            tracing::debug!(peer = %req.target, status = s, "peer rejected {}", req.url);
+            (Fetch::Answered((s, body)), AttemptOutcome::Rejected)
+        }
+        Exchange::NotSent(why) => {
+            tracing::debug!(peer = %req.target, "not sent: {why}");
+            (Fetch::NotSent, AttemptOutcome::NotAttempted)
+        }
+        Exchange::Unknown(why) => {
+            tracing::debug!(peer = %req.target, "unknown outcome: {why}");
+            (Fetch::Unknown, AttemptOutcome::Unknown)
         }
     };
-    app.metrics.attempt(
-        match &outcome {
-            Outcome::Answered(_) => AttemptOutcome::Answered,
-            Outcome::Rejected(_) => AttemptOutcome::Rejected,
-            Outcome::Unknown => AttemptOutcome::Unknown,
-            Outcome::NotAttempted => AttemptOutcome::NotAttempted,
-        },
-        started.elapsed(),
-    );
+    app.metrics.attempt(seen, started.elapsed());
     // The outcome reaches the core even through a trap or a storage fault: a report that was
     // not kept (its group commit failed, or the call failed) is made again, after 100 ms,
     // then twice as long each time; after the longest wait the core's own attempt timeout
     // decides instead.
     let mut wait = crate::RETRY_FIRST_MS;
     loop {
-        let (task, o) = (req.task.clone(), outcome.clone());
+        let (task, f) = (req.task.clone(), fetch.clone());
         let attempt = req.attempt;
         let kept = app
             .core
-            .run(move |c| Some(c.outcome(&task, attempt, &o, now_ms())))
+            .run(move |c| Some(c.fetched(&task, attempt, &f, now_ms())))
             .await;
         let why = match kept {
-            Some(Ok(effects)) => {
-                app.dispatch(effects);
+            Some(Ok(events)) => {
+                app.dispatch(events);
                 return;
             }
             Some(Err(why)) => why,
@@ -812,70 +721,5 @@ mod tests {
             Exchange::NotSent(why) => assert!(why.contains("no public address"), "{why}"),
             _ => panic!("localhost was attempted"),
         }
-    }
-
-    #[tokio::test]
-    async fn key_fetches_are_shared_limited_and_remembered() {
-        let k = KeyFetches::default();
-        // A failure is remembered: no second fetch, refresh or not.
-        assert_eq!(k.get("r1", false, async { None }).await, KeyLookup::None);
-        assert_eq!(
-            k.get("r1", false, async { Some([1; 32]) }).await,
-            KeyLookup::None
-        );
-        assert_eq!(
-            k.get("r1", true, async { Some([1; 32]) }).await,
-            KeyLookup::None
-        );
-        assert_eq!(k.fetches(), 1);
-        // A success is cached; a refresh within the interval fetches nothing.
-        assert_eq!(
-            k.get("r2", false, async { Some([2; 32]) }).await,
-            KeyLookup::Key([2; 32])
-        );
-        assert_eq!(
-            k.get("r2", false, async { None }).await,
-            KeyLookup::Key([2; 32])
-        );
-        assert_eq!(k.get("r2", true, async { None }).await, KeyLookup::None);
-        assert_eq!(k.fetches(), 2);
-        // Eight in flight: the ninth relay is busy; askers for one relay share its fetch.
-        let k = Arc::new(KeyFetches::default());
-        let (go, wait) = watch::channel(false);
-        let mut held = Vec::new();
-        for i in 0..KEY_FETCH_CONCURRENCY {
-            let (k, mut wait) = (k.clone(), wait.clone());
-            held.push(tokio::spawn(async move {
-                k.get(&format!("slow{i}"), false, async move {
-                    let _ = wait.wait_for(|g| *g).await;
-                    Some([9; 32])
-                })
-                .await
-            }));
-        }
-        while k.fetches() < KEY_FETCH_CONCURRENCY as u64 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(
-            k.get("another", false, async { Some([3; 32]) }).await,
-            KeyLookup::Busy
-        );
-        let sharer = {
-            let k = k.clone();
-            tokio::spawn(async move { k.get("slow0", false, async { None }).await })
-        };
-        tokio::task::yield_now().await;
-        go.send_replace(true);
-        for h in held {
-            assert_eq!(h.await.unwrap(), KeyLookup::Key([9; 32]));
-        }
-        assert_eq!(sharer.await.unwrap(), KeyLookup::Key([9; 32]));
-        assert_eq!(k.fetches(), KEY_FETCH_CONCURRENCY as u64);
-        drop(wait);
-        // A fetch whose asker went away leaves nothing in flight.
-        let k = KeyFetches::default();
-        let never = k.get("gone", false, std::future::pending());
-        let _ = tokio::time::timeout(Duration::from_millis(10), never).await;
-        assert!(k.memory.lock().unwrap().inflight.is_empty());
     }
 }

@@ -1,52 +1,50 @@
-//! The transports of protocol.md §6 on one port: HTTP, WebSocket, relay RPC, `/.well-known/relay`,
-//! and health checks; and the admin listener: the operator API, `/metrics` and health checks.
+//! The transports of protocol.md §6 on one port, as bytes: every request is read whole
+//! (within `max_request_bytes` and `--body-timeout`) and handed to the core, which routes,
+//! authenticates and answers it; and the admin listener: the operator API (through the core
+//! too), `/metrics` and health checks. The host keeps the sockets, the WebSocket protocol,
+//! the busy admission and the backup's file work.
 
-use crate::guest::{Caller, RelayHeaders, Reply};
+use crate::guest::{HttpRequest, HttpResponse, Listener, Step, Upgrade};
 use crate::hub::Outgoing;
 use crate::net::PeerAddr;
 use crate::{now_ms, App};
 use axum::body::Body;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::extract::{ConnectInfo, FromRequestParts, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use http_body_util::BodyExt;
+use relay_core::transport::{self, socket};
 use relay_core::wire::canonical;
-use relay_core::wire::identity::RelayId;
 use relay_core::wire::json::{self, Object, Value};
-use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Methods other relays may call.
-const RELAY_METHODS: &[&str] = &[
-    "message.deliver",
-    "route.get",
-    "route.publish",
-    "device.list",
-];
+/// How many times one request may wait for a key fetch the core asked for before it is
+/// refused (the core's key book bounds fetches; this bounds a request that keeps asking,
+/// as after a trap that forgot the book).
+const KEY_ROUNDS: usize = 3;
 
-/// The relay's public routes (the admin API is not among them).
+/// The relay's public port: everything goes to the core (which answers 404 for what is not
+/// a route), but health checks.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/v1/ws", get(websocket))
-        .route("/v1/{method}", post(client_call))
-        .route("/relay/v1/{method}", post(relay_call))
-        .route("/.well-known/relay", get(well_known))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .fallback(public)
         .with_state(app)
 }
 
-/// The admin listener's routes: the operator API (token), metrics and health checks.
+/// The admin listener: the operator API (the core checks the token), metrics and health checks.
 pub fn admin_router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/admin/v1/{method}", post(admin_call))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .fallback(admin)
         .with_state(app)
 }
 
@@ -120,17 +118,41 @@ fn error_response(code: relay_core::ErrorCode, message: &str) -> Response {
     )
 }
 
-/// The answer when `--max-pending` requests are in the core or waiting for it.
-pub const BUSY: &[u8] =
-    br#"{"error":{"code":"unavailable","data":{"retry_after":1000},"message":"the relay is busy; retry"}}"#;
-
 /// 503 unavailable, `Retry-After: 1`: the relay is busy.
 fn busy_response() -> Response {
-    reply_response(Reply {
-        status: 503,
-        body: BUSY.to_vec(),
-        effects: Vec::new(),
-    })
+    native_response(transport::Response::busy())
+}
+
+/// An answer the host gives itself, with the core's own words (linked natively).
+fn native_response(r: transport::Response) -> Response {
+    write_response(
+        r.status,
+        r.headers.into_iter().map(|(k, v)| (k.to_string(), v)),
+        r.body,
+    )
+}
+
+/// The core's answer, written as it is.
+fn core_response(r: HttpResponse) -> Response {
+    write_response(r.status, r.headers, r.body)
+}
+
+fn write_response(
+    status: u16,
+    headers: impl IntoIterator<Item = (String, String)>,
+    body: Vec<u8>,
+) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (k, v) in headers {
+        if let (Ok(k), Ok(v)) = (
+            axum::http::HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(&v),
+        ) {
+            r.headers_mut().insert(k, v);
+        }
+    }
+    r
 }
 
 /// An answer given before the request was read whole: the connection closes after it
@@ -141,38 +163,12 @@ fn closing(mut r: Response) -> Response {
     r
 }
 
-fn reply_response(reply: Reply) -> Response {
-    let mut r = json_response(reply.status, reply.body.clone());
-    if reply.status == 429 || reply.status == 503 {
-        // Mirror data.retry_after (ms) as Retry-After (seconds, rounded up, at least 1).
-        if let Some(ms) = json::parse(&reply.body)
-            .ok()
-            .and_then(|v| v.as_object().and_then(|o| o.get("error")).cloned())
-            .and_then(|e| e.as_object().and_then(|o| o.get("data")).cloned())
-            .and_then(|d| {
-                d.as_object()
-                    .and_then(|o| o.get("retry_after"))
-                    .and_then(Value::as_protocol_int)
-            })
-        {
-            if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).max(1).to_string()) {
-                r.headers_mut().insert("retry-after", v);
-            }
-        }
-    }
-    r
-}
-
-/// Reads a request body, refusing one over the limit before any of it is parsed; the bytes and their parse.
+/// Reads a request body, refusing one over the limit before any of it is parsed.
 ///
 /// A declared length over `max_request_bytes`, or a count that passes it while reading
 /// (chunked too), is answered 413 at once, the rest unread; a body not read whole within
 /// `--body-timeout` is answered 408. Either closes the connection.
-async fn read_body(
-    app: &App,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(Vec<u8>, Object), Response> {
+async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, Response> {
     let limit = app.max_request_bytes;
     let too_large = || {
         closing(error_response(
@@ -215,112 +211,224 @@ async fn read_body(
             )));
         }
     };
-    // The core's own strict parser, linked natively: garbage never costs a trip into the guest,
-    // and the verdict is the one the guest would give.
-    match json::parse_object(&bytes) {
-        Ok(parsed) => Ok((bytes, parsed)),
-        Err(e) => {
-            let e: relay_core::Error = e.into();
-            Err(json_response(
-                e.code.http_status(),
-                canonical::to_vec(&relay_core::engine::error_body(&e)),
-            ))
-        }
-    }
+    Ok(bytes)
 }
 
 /// The network address a call came from, as the core keys its per-address limits: the
-/// TCP peer's IP address, without the port.
+/// TCP peer's IP address, without the port (an IPv4-mapped IPv6 address as IPv4).
 fn origin(peer: SocketAddr) -> Option<String> {
-    Some(peer.ip().to_string())
+    Some(peer.ip().to_canonical().to_string())
 }
 
-fn bearer(headers: &HeaderMap) -> Option<String> {
-    let v = headers.get("authorization")?.to_str().ok()?;
-    v.strip_prefix("Bearer ").map(|t| t.trim().to_string())
+/// The headers the core reads, by lowercase name (values that are not text are left out).
+fn core_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    transport::http::HEADERS
+        .iter()
+        .filter_map(|n| {
+            let v = headers.get(*n)?.to_str().ok()?;
+            Some((n.to_string(), v.to_string()))
+        })
+        .collect()
 }
 
-/// Whether the request carries the operator token; the bytes are compared in constant time.
-fn is_operator(app: &App, headers: &HeaderMap) -> bool {
-    use subtle::ConstantTimeEq;
-    bearer(headers).is_some_and(|t| bool::from(t.as_bytes().ct_eq(app.admin_token.as_bytes())))
+fn bearer(req: &HttpRequest) -> Option<&str> {
+    let (_, v) = req.headers.iter().find(|(k, _)| k == "authorization")?;
+    v.strip_prefix("Bearer ").map(str::trim)
 }
 
-async fn client_call(
+async fn public(
     State(app): State<Arc<App>>,
     ConnectInfo(PeerAddr(peer)): ConnectInfo<PeerAddr>,
-    Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    req: axum::extract::Request,
 ) -> Response {
-    let (body, parsed) = match read_body(&app, &headers, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let caller = match bearer(&headers) {
-        Some(t) => Caller::Session(t),
-        None => Caller::Anonymous,
-    };
-    if method.starts_with("admin.") {
-        return error_response(relay_core::ErrorCode::NotFound, "unknown method");
-    }
-    let Some(slot) = app.admit() else {
-        return busy_response();
-    };
-    if let (Some(pre), Caller::Session(t), "message.send") =
-        (&app.preverify, &caller, method.as_str())
-    {
-        pre.send(t, &parsed);
-    }
-    reply_response(
-        app.call_holding(Some(slot), caller, origin(peer), method, body)
-            .await,
-    )
+    serve(app, Listener::Public, peer, req).await
 }
 
-async fn admin_call(
+async fn admin(
     State(app): State<Arc<App>>,
     ConnectInfo(PeerAddr(peer)): ConnectInfo<PeerAddr>,
-    Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    req: axum::extract::Request,
 ) -> Response {
-    let (body, parsed) = match read_body(&app, &headers, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    if !is_operator(&app, &headers) {
-        return error_response(
-            relay_core::ErrorCode::Unauthenticated,
-            "operator token required",
-        );
-    }
-    if method == "backup" {
-        return backup(&app, &parsed).await;
-    }
-    reply_response(
-        app.call(
-            Caller::Operator,
-            origin(peer),
-            format!("admin.{method}"),
-            body,
-        )
-        .await,
-    )
+    serve(app, Listener::Admin, peer, req).await
 }
 
-/// `POST /admin/v1/backup {"path": FILE}`: a consistent copy of the database to FILE (an
-/// absolute path on the relay's machine), taken between commit groups.
-async fn backup(app: &App, params: &Object) -> Response {
-    let path = match params.get("path").and_then(Value::as_str) {
-        Some(p) if std::path::Path::new(p).is_absolute() => std::path::PathBuf::from(p),
-        _ => {
-            return error_response(
-                relay_core::ErrorCode::InvalidParams,
-                "backup takes {\"path\": an absolute file name}",
-            )
+/// A POST to `{prefix}{method}` as the core routes it: the method's name, when the path is
+/// one the core would parse the body of.
+fn routed<'a>(method: &str, path: &'a str, listener: Listener) -> Option<&'a str> {
+    if method != "POST" {
+        return None;
+    }
+    let name = match listener {
+        Listener::Public => path
+            .strip_prefix("/v1/")
+            .or_else(|| path.strip_prefix("/relay/v1/")),
+        Listener::Admin => path.strip_prefix("/admin/v1/"),
+    }?;
+    (!name.is_empty() && !name.contains('/')).then_some(name)
+}
+
+/// Reads one request whole and hands it to the core; executes what the core asks for.
+async fn serve(
+    app: Arc<App>,
+    listener: Listener,
+    peer: SocketAddr,
+    req: axum::extract::Request,
+) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let method = parts.method.as_str().to_string();
+    let path = parts.uri.path().to_string();
+    // The WebSocket handshake is checked first, as before the session: a GET of /v1/ws that
+    // is not an upgrade is refused by the WebSocket layer.
+    let upgrade = if listener == Listener::Public && method == "GET" && path == "/v1/ws" {
+        match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
+            Ok(u) => Some(u),
+            Err(e) => return e.into_response(),
         }
+    } else {
+        None
     };
+    let body = match read_body(&app, &parts.headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    // The core's own strict parser, linked natively, on the bodies the core would parse:
+    // garbage never costs a trip into the guest, and the verdict is the one the guest would
+    // give. The parse also feeds the envelope pre-verification.
+    let name = routed(&method, &path, listener).map(str::to_string);
+    let parsed = match name.as_ref().map(|_| json::parse_object(&body)) {
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => return native_response(transport::Response::error(&e.into())),
+        None => None,
+    };
+    let request = HttpRequest {
+        listener,
+        method,
+        query: parts.uri.query().unwrap_or("").to_string(),
+        headers: core_headers(&parts.headers),
+        body,
+        origin: origin(peer),
+        path,
+    };
+    // The operator's listener is not subject to the busy admission (as before).
+    let slot = match listener {
+        Listener::Public => match app.admit() {
+            Some(s) => Some(s),
+            None => return busy_response(),
+        },
+        Listener::Admin => None,
+    };
+    let (mut sending, mut logged) = (None, None);
+    match (name.as_deref(), &parsed, listener) {
+        (Some("message.send"), Some(p), Listener::Public) if request.path.starts_with("/v1/") => {
+            logged = Some("message.send");
+            if let (Some(pre), Some(t)) = (&app.preverify, bearer(&request)) {
+                pre.send(t, p);
+                sending = Some(t.to_string());
+            }
+        }
+        (Some("message.deliver"), Some(p), Listener::Public) => {
+            logged = Some("message.deliver");
+            if request.path.starts_with("/relay/v1/") {
+                if let Some(pre) = &app.preverify {
+                    if prechecked(&app, &request) {
+                        pre.deliver(p);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    let request = Arc::new(request);
+    let mut rounds = 0;
+    loop {
+        let (r, s) = (request.clone(), sending.clone());
+        app.core_calls.fetch_add(1, Ordering::Relaxed);
+        let step = app
+            .core
+            .run_holding(slot.clone(), move |c| {
+                Some(c.handle(&r, s.as_deref(), now_ms()))
+            })
+            .await;
+        let Some(step) = step else {
+            return native_response(transport::Response::uncommitted());
+        };
+        match step {
+            Step::Respond(mut r) => {
+                let events = std::mem::take(&mut r.events);
+                if let (Some(m), 200, true) = (logged, r.status, app.log_events) {
+                    if let Ok(v) = json::parse(&r.body) {
+                        App::log_accepted(m, &v);
+                    }
+                }
+                app.dispatch(events);
+                return core_response(r);
+            }
+            Step::FetchKey(k) if rounds < KEY_ROUNDS => {
+                rounds += 1;
+                crate::outbound::fetch_key(&app, k.relay, k.url).await;
+            }
+            Step::FetchKey(_) => {
+                return native_response(transport::Response::fail(
+                    relay_core::ErrorCode::Unauthenticated,
+                    "could not fetch the source relay's key",
+                ))
+            }
+            Step::Upgrade(u) => {
+                let Some(up) = upgrade else {
+                    return native_response(transport::Response::uncommitted());
+                };
+                // Every message (and frame) at most max_request_bytes: a bigger one closes
+                // the socket with 1009 before it is read.
+                let limit = app.max_request_bytes;
+                let origin = request.origin.clone();
+                return up
+                    .max_message_size(limit)
+                    .max_frame_size(limit)
+                    .on_failed_upgrade(|e| tracing::debug!("websocket upgrade failed: {e}"))
+                    .on_upgrade(move |socket| serve_socket(app, socket, u, origin))
+                    .into_response();
+            }
+            Step::Backup(path) => return backup(&app, path).await,
+        }
+    }
+}
+
+/// Whether a relay request's headers pass the core's cheap checks (to, method, clock),
+/// natively: only then is its envelope verified ahead of the core thread.
+fn prechecked(app: &App, req: &HttpRequest) -> bool {
+    use relay_core::wire::relay_request::{precheck, RelayHeaders};
+    let get = |n: &str| {
+        req.headers
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.clone())
+    };
+    let headers = (|| {
+        Some(RelayHeaders {
+            relay_id: get("relay-id")?,
+            timestamp: get("relay-timestamp")?,
+            nonce: get("relay-nonce")?,
+            signature: get("relay-signature")?,
+        })
+    })();
+    headers.is_some_and(|h| {
+        precheck(
+            &h,
+            &app.network,
+            &app.relay,
+            "message.deliver",
+            &req.body,
+            now_ms(),
+            app.clock_tolerance,
+        )
+        .is_ok()
+    })
+}
+
+/// `POST /admin/v1/backup {"path": FILE}` as the core accepted it: a consistent copy of the
+/// database to FILE (an absolute path on the relay's machine), taken between commit groups.
+async fn backup(app: &App, path: String) -> Response {
+    let path = std::path::PathBuf::from(path);
     let started = std::time::Instant::now();
     let target = path.clone();
     match app.core.alone(move |c| c.backup(&target)).await {
@@ -329,196 +437,16 @@ async fn backup(app: &App, params: &Object) -> Response {
             let mut o = Object::new();
             o.insert("path", path.display().to_string());
             o.insert("bytes", bytes);
-            json_response(200, canonical::to_vec(&Value::Object(o)))
+            native_response(transport::Response::ok(&Value::Object(o)))
         }
         Err(e) => {
             tracing::error!("backup to {}: {e}", path.display());
-            error_response(relay_core::ErrorCode::Internal, &format!("backup: {e}"))
+            native_response(transport::Response::fail(
+                relay_core::ErrorCode::Internal,
+                &format!("backup: {e}"),
+            ))
         }
     }
-}
-
-fn relay_headers(h: &HeaderMap) -> Option<RelayHeaders> {
-    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
-    Some(RelayHeaders {
-        relay_id: get("relay-id")?,
-        timestamp: get("relay-timestamp")?,
-        nonce: get("relay-nonce")?,
-        signature: get("relay-signature")?,
-    })
-}
-
-async fn relay_call(
-    State(app): State<Arc<App>>,
-    ConnectInfo(PeerAddr(peer)): ConnectInfo<PeerAddr>,
-    Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let (body, parsed) = match read_body(&app, &headers, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    if !RELAY_METHODS.contains(&method.as_str()) {
-        return error_response(relay_core::ErrorCode::NotFound, "not a relay method");
-    }
-    let Some(h) = relay_headers(&headers) else {
-        return error_response(
-            relay_core::ErrorCode::Unauthenticated,
-            "relay authentication headers are missing",
-        );
-    };
-    let Some(slot) = app.admit() else {
-        return busy_response();
-    };
-    // to, method and ts first; only then the source's key.
-    let (h2, m2, b2) = (h.clone(), method.clone(), body.clone());
-    let source = match app
-        .core
-        .run_holding(Some(slot.clone()), move |c| {
-            c.check_request(&h2, &m2, &b2, now_ms())
-        })
-        .await
-    {
-        Ok(s) => s,
-        Err(r) => return reply_response(r),
-    };
-    let Ok(source_id) = RelayId::parse(&source) else {
-        return error_response(relay_core::ErrorCode::Unauthenticated, "bad Relay-Id");
-    };
-    // The key within the limits of protocol.md §6: one fetch per claimed relay per 10 s,
-    // failures remembered 60 s, 8 in flight in all (beyond: 503).
-    let mut verdict = None;
-    for refresh in [false, true] {
-        let key = match app.peers.key(&source_id, &app.network, refresh).await {
-            crate::KeyLookup::Key(k) => k,
-            crate::KeyLookup::None => continue,
-            crate::KeyLookup::Busy => {
-                let e = relay_core::Error::new(
-                    relay_core::ErrorCode::Unavailable,
-                    "too many key fetches in flight; retry",
-                )
-                .with_data(Value::Object({
-                    let mut d = Object::new();
-                    d.insert("retry_after", 1000u64);
-                    d
-                }));
-                return reply_response(Reply {
-                    status: 503,
-                    body: canonical::to_vec(&relay_core::engine::error_body(&e)),
-                    effects: Vec::new(),
-                });
-            }
-        };
-        let (h2, m2, b2) = (h.clone(), method.clone(), body.clone());
-        let r = app
-            .core
-            .run_holding(Some(slot.clone()), move |c| {
-                c.authenticate_request(&h2, &m2, &b2, now_ms(), &key)
-            })
-            .await;
-        let retry = r.is_err() && !refresh;
-        verdict = Some(r);
-        if !retry {
-            break;
-        }
-    }
-    match verdict {
-        Some(Ok(_)) => {
-            if let (Some(pre), "message.deliver") = (&app.preverify, method.as_str()) {
-                pre.deliver(&parsed);
-            }
-            reply_response(
-                app.call_holding(
-                    Some(slot),
-                    Caller::Relay(source),
-                    origin(peer),
-                    method,
-                    body,
-                )
-                .await,
-            )
-        }
-        Some(Err(r)) => reply_response(r),
-        None => error_response(
-            relay_core::ErrorCode::Unauthenticated,
-            "could not fetch the source relay's key",
-        ),
-    }
-}
-
-async fn well_known(State(app): State<Arc<App>>) -> Response {
-    let Some(slot) = app.admit() else {
-        return busy_response();
-    };
-    json_response(
-        200,
-        app.core.run_holding(Some(slot), |c| c.well_known()).await,
-    )
-}
-
-async fn websocket(
-    State(app): State<Arc<App>>,
-    ConnectInfo(PeerAddr(peer)): ConnectInfo<PeerAddr>,
-    Query(q): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    up: WebSocketUpgrade,
-) -> Response {
-    let Some(token) = bearer(&headers).or_else(|| q.get("session").cloned()) else {
-        return error_response(
-            relay_core::ErrorCode::Unauthenticated,
-            "a session is required",
-        );
-    };
-    let Some(slot) = app.admit() else {
-        return busy_response();
-    };
-    let t = token.clone();
-    let info = match app
-        .core
-        .run_holding(Some(slot), move |c| c.session(&t, now_ms()))
-        .await
-    {
-        Ok(i) => i,
-        Err(r) => return reply_response(r),
-    };
-    // Every message (and frame) at most max_request_bytes: a bigger one closes the socket
-    // with 1009 before it is read.
-    let limit = app.max_request_bytes;
-    up.max_message_size(limit)
-        .max_frame_size(limit)
-        .on_failed_upgrade(|e| tracing::debug!("websocket upgrade failed: {e}"))
-        .on_upgrade(move |socket| serve_socket(app, socket, token, info, origin(peer)))
-        .into_response()
-}
-
-/// Parses a frame; admin methods are never reachable from a socket.
-fn parse_frame(text: &str) -> Result<(Value, String, Vec<u8>), (Value, relay_core::Error)> {
-    let f = relay_core::wire::frame::parse(text.as_bytes())?;
-    if f.method.starts_with("admin.") {
-        return Err((
-            f.id,
-            relay_core::Error::new(relay_core::ErrorCode::NotFound, "unknown method"),
-        ));
-    }
-    Ok((f.id, f.method, f.params))
-}
-
-fn answer_frame(id: Value, body: &[u8], ok: bool) -> String {
-    let mut o = Object::new();
-    o.insert("id", id);
-    let v = json::parse(body).unwrap_or(Value::Null);
-    if ok {
-        o.insert("result", v);
-    } else {
-        let e = v
-            .as_object()
-            .and_then(|o| o.get("error"))
-            .cloned()
-            .unwrap_or(Value::Null);
-        o.insert("error", e);
-    }
-    canonical::to_string(&Value::Object(o))
 }
 
 /// The close code for an error read from a client's socket: 1009 for a message or frame
@@ -541,13 +469,7 @@ fn close_code(e: axum::Error) -> Option<(u16, &'static str)> {
 /// answers, notifications and pings go out through a queue of `--ws-send-queue` messages
 /// (a client that lets it fill is dropped); a ping every `--ws-ping-interval`, and a socket
 /// from which nothing came since the last one is closed.
-async fn serve_socket(
-    app: Arc<App>,
-    socket: WebSocket,
-    token: String,
-    info: crate::guest::SessionInfo,
-    origin: Option<String>,
-) {
+async fn serve_socket(app: Arc<App>, socket: WebSocket, info: Upgrade, origin: Option<String>) {
     use crate::hub::Outbox;
     use futures_util::{SinkExt, StreamExt};
     /// Takes the socket off `relay_open_websockets` however the task ends.
@@ -597,7 +519,10 @@ async fn serve_socket(
         let msg = tokio::select! {
             _ = out.kill.notified() => break,
             _ = &mut expiry => {
-                closed_cleanly = out.push(Outgoing::Close(4401, "session expired".into()));
+                closed_cleanly = out.push(Outgoing::Close(
+                    socket::SESSION_CLOSED,
+                    socket::EXPIRED.into(),
+                ));
                 break;
             }
             _ = ping.tick() => {
@@ -634,46 +559,47 @@ async fn serve_socket(
             }
             _ => continue,
         };
-        let frame = match parse_frame(&text) {
-            Ok(f) => f,
-            Err((id, e)) => {
-                let body = canonical::to_vec(&relay_core::engine::error_body(&e));
-                if !out.push(Outgoing::Text(answer_frame(id, &body, false))) {
-                    break;
-                }
-                continue;
-            }
-        };
-        let (id, method, params) = frame;
         let Some(slot) = app.admit() else {
-            if !out.push(Outgoing::Text(answer_frame(id, BUSY, false))) {
+            if !out.push(Outgoing::Text(socket::busy_frame(&text))) {
                 break;
             }
             continue;
         };
-        if let (Some(pre), "message.send") = (&app.preverify, method.as_str()) {
-            if let Ok(p) = json::parse_object(&params) {
-                pre.send(&token, &p);
+        // The frame is parsed natively only for the host's own hints: the envelope
+        // pre-verification and the accepted-message log line. The core parses it again.
+        let mut sending = false;
+        if app.preverify.is_some() || app.log_events {
+            if let Ok(f) = relay_core::wire::frame::parse(text.as_bytes()) {
+                if f.method == "message.send" {
+                    sending = true;
+                    if let (Some(pre), Ok(p)) = (&app.preverify, json::parse_object(&f.params)) {
+                        pre.send(&info.token, &p);
+                    }
+                }
             }
         }
-        let reply = app
-            .call_holding(
-                Some(slot),
-                Caller::Session(token.clone()),
-                origin.clone(),
-                method,
-                params,
-            )
-            .await;
-        if !out.push(Outgoing::Text(answer_frame(
-            id,
-            &reply.body,
-            reply.status == 200,
-        ))) {
+        let (token, o, t) = (info.token.clone(), origin.clone(), text.clone());
+        let answer = app
+            .core
+            .run_holding(Some(slot), move |c| {
+                Some(c.message(&token, o.as_deref(), &t, sending, now_ms()))
+            })
+            .await
+            .unwrap_or_else(|| crate::guest::uncommitted_answer(&text));
+        if sending && app.log_events {
+            let result = json::parse(answer.text.as_bytes())
+                .ok()
+                .and_then(|v| v.as_object().and_then(|o| o.get("result")).cloned());
+            if let Some(v) = result {
+                App::log_accepted("message.send", &v);
+            }
+        }
+        app.dispatch(answer.events);
+        if !out.push(Outgoing::Text(answer.text)) {
             break;
         }
-        if reply.status == 401 {
-            closed_cleanly = out.push(Outgoing::Close(4401, "session ended".into()));
+        if let Some((code, reason)) = answer.close {
+            closed_cleanly = out.push(Outgoing::Close(code, reason));
             break;
         }
     }

@@ -629,16 +629,18 @@ async fn a_websocket_client_that_does_not_read_is_dropped() {
     let u = c.register(&r.url, true).await;
     let s = ws_raw(&r, &u.session).await;
     let (_rd, mut wr) = s.into_split();
-    // Each frame's answer repeats its 600 KB id: tens of MB of answers never read.
-    let id = "x".repeat(600_000);
+    // Small frames, each answered (not_found): megabytes of answers that are never read
+    // fill the socket's buffers, then the send queue. (An id is at most 64 characters,
+    // so a frame cannot make its answer big.)
     let one = frame(
         0x81,
         true,
-        format!(r#"{{"id":"{id}","method":"no.such","params":{{}}}}"#).as_bytes(),
+        br#"{"id":"01234567890123456789012345678901234567890123456789012345678901","method":"no.such","params":{}}"#,
     );
+    let batch: Vec<u8> = one.repeat(2_000);
     let writer = tokio::spawn(async move {
         for _ in 0..200 {
-            if tokio::time::timeout(Duration::from_secs(5), wr.write_all(&one))
+            if tokio::time::timeout(Duration::from_secs(5), wr.write_all(&batch))
                 .await
                 .map_or(true, |r| r.is_err())
             {
