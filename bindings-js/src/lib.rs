@@ -1,20 +1,24 @@
-//! relay-core for JavaScript: a wasm-bindgen class over the engine, and nothing else.
+//! relay-core for JavaScript: a wasm-bindgen class over the relay's transports
+//! (`relay_core::transport`), and nothing else.
 //!
-//! Values cross as JSON strings (the cheapest crossing measured: see
-//! docs/performance.md); storage is any JS object with synchronous
+//! Bodies cross as bytes, messages as strings, the rest as small scalars; what comes back is
+//! one buffer or string per call (a line of JSON, then the bytes to write), the cheapest
+//! crossing measured (docs/performance.md). Storage is any JS object with synchronous
 //! `get(key)`, `scan(start, end, limit)` and `commit(writes)`.
 
 use js_sys::{Array, Function, Reflect, Uint8Array};
 use relay_core::engine::storage::{Entry, Write};
-use relay_core::engine::{
-    Caller, Config, Effect, Engine, Entropy, Outcome, Response, Storage, StorageError,
+use relay_core::engine::{Caller, Config, Engine, Entropy, Storage, StorageError};
+use relay_core::transport::http::HEADERS;
+use relay_core::transport::{
+    socket, Event, Fetch, Listener, Method, Relay, Request, Response, Step,
 };
+use relay_core::wire::canonical;
 use relay_core::wire::canonical::write_string;
 use relay_core::wire::digest;
 use relay_core::wire::identity::RelayId;
-use relay_core::wire::relay_request::{self, RelayHeaders};
+use relay_core::wire::relay_request;
 use relay_core::wire::signature::{self, SignatureError, SignedObject as _};
-use relay_core::wire::{base64url, canonical};
 use wasm_bindgen::prelude::*;
 
 /// Storage implemented by a JS object.
@@ -219,67 +223,82 @@ fn caller(kind: &str, value: &str) -> Caller {
     }
 }
 
-fn effects_json(effects: &[Effect], out: &mut Vec<u8>) {
+fn push_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Events as a JSON array: `{"type": "send"|"wake"|"notify"|"close"|"delivery_ended", ...}`.
+fn events_json(events: &[Event], out: &mut Vec<u8>) {
     out.push(b'[');
-    for (i, e) in effects.iter().enumerate() {
+    for (i, e) in events.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
         match e {
-            Effect::Send {
-                task,
-                attempt,
-                target,
-                method,
-                body,
-            } => {
-                out.extend_from_slice(b"{\"type\":\"send\",\"task\":");
-                write_string(task, out);
-                out.extend_from_slice(format!(",\"attempt\":{attempt},\"target\":").as_bytes());
-                write_string(target.as_str(), out);
-                let m = method.as_str();
-                out.extend_from_slice(format!(",\"method\":\"{m}\",\"body\":").as_bytes());
-                write_string(&String::from_utf8_lossy(body), out);
-                out.push(b'}');
+            Event::Send(p) => {
+                push_str(out, "{\"type\":\"send\",\"task\":");
+                write_string(&p.task, out);
+                push_str(out, &format!(",\"attempt\":{},\"target\":", p.attempt));
+                write_string(&p.target, out);
+                push_str(out, ",\"url\":");
+                write_string(&p.url, out);
+                push_str(out, ",\"headers\":{");
+                for (j, (k, v)) in p.headers.iter().enumerate() {
+                    if j > 0 {
+                        out.push(b',');
+                    }
+                    write_string(k, out);
+                    out.push(b':');
+                    write_string(v, out);
+                }
+                push_str(out, "},\"body\":");
+                write_string(&String::from_utf8_lossy(&p.body), out);
+                push_str(out, &format!(",\"timeout_ms\":{}}}", p.timeout_ms));
             }
-            Effect::WakeAt(t) => {
-                out.extend_from_slice(format!("{{\"type\":\"wake\",\"at\":{t}}}").as_bytes())
-            }
-            Effect::Notify {
+            Event::WakeAt(t) => push_str(out, &format!("{{\"type\":\"wake\",\"at\":{t}}}")),
+            Event::Notify {
                 account,
                 latest_seq,
+                frame,
             } => {
-                out.extend_from_slice(b"{\"type\":\"notify\",\"account\":");
+                push_str(out, "{\"type\":\"notify\",\"account\":");
                 write_string(account, out);
-                out.extend_from_slice(format!(",\"latest_seq\":{latest_seq}}}").as_bytes());
+                push_str(out, &format!(",\"latest_seq\":{latest_seq},\"frame\":"));
+                write_string(frame, out);
+                out.push(b'}');
             }
-            Effect::DeliveryEnded {
+            Event::Close {
+                account,
+                device_id,
+                code,
+                reason,
+            } => {
+                push_str(out, "{\"type\":\"close\",\"account\":");
+                write_string(account, out);
+                push_str(out, ",\"device_id\":");
+                write_string(device_id, out);
+                push_str(out, &format!(",\"code\":{code},\"reason\":"));
+                write_string(reason, out);
+                out.push(b'}');
+            }
+            Event::DeliveryEnded {
                 from,
                 message_id,
                 to,
                 status,
                 error_code,
             } => {
-                out.extend_from_slice(b"{\"type\":\"delivery_ended\",\"from\":");
+                push_str(out, "{\"type\":\"delivery_ended\",\"from\":");
                 write_string(from, out);
-                out.extend_from_slice(b",\"message_id\":");
+                push_str(out, ",\"message_id\":");
                 write_string(message_id, out);
-                out.extend_from_slice(b",\"to\":");
+                push_str(out, ",\"to\":");
                 write_string(to, out);
-                out.extend_from_slice(
-                    format!(",\"status\":\"{status}\",\"error_code\":").as_bytes(),
-                );
+                push_str(out, &format!(",\"status\":\"{status}\",\"error_code\":"));
                 match error_code {
                     Some(c) => write_string(c, out),
-                    None => out.extend_from_slice(b"null"),
+                    None => push_str(out, "null"),
                 }
-                out.push(b'}');
-            }
-            Effect::EndDeviceSessions { account, device_id } => {
-                out.extend_from_slice(b"{\"type\":\"end_device_sessions\",\"account\":");
-                write_string(account, out);
-                out.extend_from_slice(b",\"device_id\":");
-                write_string(device_id, out);
                 out.push(b'}');
             }
         }
@@ -287,42 +306,76 @@ fn effects_json(effects: &[Effect], out: &mut Vec<u8>) {
     out.push(b']');
 }
 
-/// `{"status", "body": <result or error object>, "effects": [...]}` as one JSON string.
-fn reply_json(r: &Response) -> String {
-    let mut out = Vec::with_capacity(512);
-    out.extend_from_slice(format!("{{\"status\":{},\"body\":", r.http_status()).as_bytes());
-    out.extend_from_slice(&r.body());
-    out.extend_from_slice(b",\"effects\":");
-    effects_json(&r.effects, &mut out);
-    out.push(b'}');
-    String::from_utf8(out).unwrap_or_default()
-}
-
-fn effects_string(effects: &[Effect]) -> String {
+fn events_string(events: &[Event]) -> String {
     let mut out = Vec::new();
-    effects_json(effects, &mut out);
+    events_json(events, &mut out);
     String::from_utf8(out).unwrap_or_default()
 }
 
-fn error_json(e: relay_core::Error) -> JsValue {
-    JsValue::from_str(&reply_json(&Response {
-        result: Err(e),
-        effects: Vec::new(),
-    }))
+/// A response as bytes: one line of JSON `{"status", "headers": {...}, "effects"?: [...]}`,
+/// then the body as it goes on the wire.
+fn response_bytes(r: &Response) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + r.body.len());
+    push_str(
+        &mut out,
+        &format!("{{\"status\":{},\"headers\":{{", r.status),
+    );
+    for (j, (k, v)) in r.headers.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        write_string(k, &mut out);
+        out.push(b':');
+        write_string(v, &mut out);
+    }
+    out.push(b'}');
+    if !r.effects.is_empty() {
+        push_str(&mut out, ",\"effects\":");
+        events_json(&r.effects, &mut out);
+    }
+    push_str(&mut out, "}\n");
+    out.extend_from_slice(&r.body);
+    out
 }
 
-/// One relay core over a JS storage object.
+/// A step other than an answer: one line of JSON, no body.
+fn step_line(key: &str, value: &relay_core::wire::json::Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    push_str(&mut out, &format!("{{\"{key}\":"));
+    out.extend_from_slice(&canonical::to_vec(value));
+    push_str(&mut out, "}\n");
+    out
+}
+
+/// What a host saw of an exchange: `status` >= 0 an answer with `body`, -1 never sent, else unknown.
+fn fetch_of(status: i32, body: &[u8]) -> Fetch {
+    match status {
+        s if s >= 0 => Fetch::Answered(s.min(u16::MAX as i32) as u16, body.to_vec()),
+        -1 => Fetch::NotSent,
+        _ => Fetch::Unknown,
+    }
+}
+
+/// One relay core over a JS storage object: the engine behind the transports
+/// (`relay_core::transport`). Requests, WebSocket messages and exchange outcomes go in as
+/// bytes, strings and numbers; answers come out as one buffer or string each.
 #[wasm_bindgen]
 pub struct RelayCore {
-    engine: Engine<JsStorage, JsEntropy>,
+    relay: Relay<JsStorage, JsEntropy>,
     seed: [u8; 32],
 }
 
 #[wasm_bindgen]
 impl RelayCore {
-    /// Starts the engine: config JSON `{relay, network, policies?}`, a storage object, the relay's 32-byte key seed.
+    /// Starts the relay: config JSON `{relay, network, policies?}`, a storage object, the
+    /// relay's 32-byte key seed, and the operator token (none: no operator API).
     #[wasm_bindgen(constructor)]
-    pub fn new(config: &str, storage: JsValue, relay_seed: &[u8]) -> Result<RelayCore, JsValue> {
+    pub fn new(
+        config: &str,
+        storage: JsValue,
+        relay_seed: &[u8],
+        operator_token: Option<String>,
+    ) -> Result<RelayCore, JsValue> {
         let config = Config::from_json(config.as_bytes()).map_err(|e| JsValue::from_str(&e))?;
         let seed: [u8; 32] = relay_seed
             .try_into()
@@ -337,29 +390,168 @@ impl RelayCore {
         // The store's schema version first: a store written by a newer relay is refused
         // here, with the core's message, before anything reads it.
         engine.open_store().map_err(|e| JsValue::from_str(&e))?;
-        Ok(RelayCore { engine, seed })
+        Ok(RelayCore {
+            relay: Relay::new(engine, &seed, operator_token.as_deref()),
+            seed,
+        })
     }
 
-    /// Calls a method; `callerKind` is `anonymous`, `session`, `relay` or `operator`;
-    /// `origin` is the network address the caller connected from (its IP address, no port),
-    /// or null/undefined for an in-process caller: anonymous calls are limited per address
-    /// too. Returns the reply JSON.
+    /// The request headers the core reads, lowercase, comma-separated.
+    #[wasm_bindgen(js_name = requestHeaders)]
+    pub fn request_headers() -> String {
+        HEADERS.join(",")
+    }
+
+    /// Handles a request read whole. `headers` is `name\nvalue\n` for each header of
+    /// `requestHeaders` present; `origin` the peer's IP address (none in process). Returns a
+    /// line of JSON and, for an answer, its body: `{"status", "headers", "effects"?}\nBODY`,
+    /// or `{"fetch": {relay, url}}`, `{"upgrade": {token, account, device_id, expires_at}}`,
+    /// `{"backup": path}`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle(
+        &mut self,
+        admin: bool,
+        method: String,
+        path: String,
+        query: String,
+        headers: &str,
+        body: Vec<u8>,
+        origin: Option<String>,
+        now: f64,
+    ) -> Vec<u8> {
+        let mut lines = headers.split('\n');
+        let mut pairs = Vec::new();
+        while let (Some(k), Some(v)) = (lines.next(), lines.next()) {
+            pairs.push((k.to_string(), v.to_string()));
+        }
+        let req = Request {
+            listener: if admin {
+                Listener::Admin
+            } else {
+                Listener::Public
+            },
+            method,
+            path,
+            query,
+            headers: pairs,
+            body,
+            origin,
+        };
+        use relay_core::wire::json::{Object, Value};
+        match self.relay.handle(&req, now as u64) {
+            Step::Respond(r) => response_bytes(&r),
+            Step::FetchKey { relay, url } => {
+                let mut o = Object::new();
+                o.insert("relay", relay);
+                o.insert("url", url);
+                step_line("fetch", &Value::Object(o))
+            }
+            Step::Upgrade(u) => {
+                let mut o = Object::new();
+                o.insert("token", u.token);
+                o.insert("account", u.account);
+                o.insert("device_id", u.device_id);
+                o.insert("expires_at", u.expires_at);
+                step_line("upgrade", &Value::Object(o))
+            }
+            Step::Backup { path } => step_line("backup", &Value::from(path.as_str())),
+        }
+    }
+
+    /// Reports the GET of a `fetch` step for `relay`: `status` as for `fetched`.
+    #[wasm_bindgen(js_name = keyFetched)]
+    pub fn key_fetched(&mut self, relay: &str, status: i32, body: &[u8], now: f64) {
+        self.relay
+            .key_fetched(relay, fetch_of(status, body), now as u64);
+    }
+
+    /// A WebSocket text message of the session `token`: `HEAD\nFRAME`, the answer frame
+    /// after a line that is empty, or `{"close"?: [code, reason], "effects"?: [...]}`.
+    pub fn message(&mut self, token: &str, origin: Option<String>, text: &str, now: f64) -> String {
+        let a = self
+            .relay
+            .message(token, origin.as_deref(), text, now as u64);
+        let mut out = Vec::with_capacity(a.text.len() + 2);
+        if a.close.is_some() || !a.effects.is_empty() {
+            out.push(b'{');
+            if let Some((code, reason)) = a.close {
+                push_str(&mut out, &format!("\"close\":[{code},"));
+                write_string(reason, &mut out);
+                out.push(b']');
+            }
+            if !a.effects.is_empty() {
+                if a.close.is_some() {
+                    out.push(b',');
+                }
+                push_str(&mut out, "\"effects\":");
+                events_json(&a.effects, &mut out);
+            }
+            out.push(b'}');
+        }
+        out.push(b'\n');
+        out.extend_from_slice(a.text.as_bytes());
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Reports a `send` event the host carried: `status` >= 0 the peer's answer (`body`), -1
+    /// never sent, -2 sent without an answer. Returns the events JSON.
+    pub fn fetched(
+        &mut self,
+        task: &str,
+        attempt: u32,
+        status: i32,
+        body: &[u8],
+        now: f64,
+    ) -> String {
+        events_string(
+            &self
+                .relay
+                .fetched(task, attempt, fetch_of(status, body), now as u64),
+        )
+    }
+
+    /// Runs what is due: JSON `{"events": [...], "quarantined"?: [{entry, code, message, at}],
+    /// "error"?: "code: message"}`; the events end with the next wake-up, if any.
+    pub fn tick(&mut self, now: f64) -> String {
+        let t = self.relay.tick(now as u64);
+        let mut out = Vec::with_capacity(128);
+        push_str(&mut out, "{\"events\":");
+        events_json(&t.events, &mut out);
+        if !t.quarantined.is_empty() {
+            push_str(&mut out, ",\"quarantined\":[");
+            push_str(&mut out, &t.quarantined.join(","));
+            out.push(b']');
+        }
+        if let Some(e) = &t.error {
+            push_str(&mut out, ",\"error\":");
+            write_string(e, &mut out);
+        }
+        out.push(b'}');
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Calls a method in process; `callerKind` is `anonymous`, `session`, `relay` or
+    /// `operator`; `origin` as for `handle`. Returns the answer as `handle` does.
     pub fn call(
         &mut self,
         caller_kind: &str,
         caller_value: &str,
         origin: Option<String>,
         method: &str,
-        params: &str,
+        params: &[u8],
         now: f64,
-    ) -> String {
-        reply_json(&self.engine.call_from(
-            &caller(caller_kind, caller_value),
-            origin.as_deref(),
-            method,
-            params.as_bytes(),
-            now as u64,
-        ))
+    ) -> Vec<u8> {
+        let r = match Method::parse(method) {
+            Some(m) => self.relay.call(
+                &caller(caller_kind, caller_value),
+                origin.as_deref(),
+                m,
+                params,
+                now as u64,
+            ),
+            None => Response::fail(relay_core::ErrorCode::NotFound, "unknown method"),
+        };
+        response_bytes(&r)
     }
 
     /// The same call with structured values through serde-wasm-bindgen (kept for the boundary benchmark).
@@ -374,7 +566,7 @@ impl RelayCore {
     ) -> Result<JsValue, JsValue> {
         let p: serde_json::Value = serde_wasm_bindgen::from_value(params)?;
         let bytes = serde_json::to_vec(&p).map_err(|e| JsValue::from_str(&e.to_string()))?;
-        let r = self.engine.call(
+        let r = self.relay.engine().call(
             &caller(caller_kind, caller_value),
             method,
             &bytes,
@@ -386,84 +578,40 @@ impl RelayCore {
         Ok(serde_wasm_bindgen::to_value(&out)?)
     }
 
-    /// Reports the outcome of a send effect: kind `answered`, `rejected`, `unknown` or `not_attempted`. Returns effects JSON.
-    pub fn outcome(
-        &mut self,
-        task: &str,
-        attempt: u32,
-        kind: &str,
-        body: &str,
-        now: f64,
-    ) -> String {
-        let outcome = match kind {
-            "answered" => Outcome::Result(body.as_bytes().to_vec()),
-            "rejected" => Outcome::Error(body.as_bytes().to_vec()),
-            "not_attempted" => Outcome::NotAttempted,
-            _ => Outcome::Unknown,
-        };
-        effects_string(&self.engine.outcome(task, attempt, outcome, now as u64))
-    }
-
-    /// Runs what is due; returns JSON `{"effects": [...]}`, with `"quarantined": [...]` (the
-    /// entries this tick set aside: `{entry, code, message, at}`) when there were any, and
-    /// `"error": "code: message"` when the tick could not commit.
-    pub fn tick(&mut self, now: f64) -> String {
-        let r = self.engine.try_tick(now as u64);
-        let mut out = Vec::with_capacity(128);
-        out.extend_from_slice(b"{\"effects\":");
-        effects_json(&r.effects, &mut out);
-        match &r.result {
-            Ok(v) => {
-                if let Some(q) = v.as_object().and_then(|o| o.get("quarantined")) {
-                    out.extend_from_slice(b",\"quarantined\":");
-                    out.extend_from_slice(&canonical::to_vec(q));
-                }
-            }
-            Err(e) => {
-                out.extend_from_slice(b",\"error\":");
-                write_string(&format!("{}: {}", e.code.as_str(), e.message), &mut out);
-            }
-        }
-        out.push(b'}');
-        String::from_utf8(out).unwrap_or_default()
-    }
-
     /// What the engine counted since this instance started, and the pending deliveries per
     /// destination, in the Prometheus text exposition format (0.0.4); throws on a storage error.
     pub fn metrics(&mut self) -> Result<String, JsValue> {
-        self.engine
+        self.relay
+            .engine()
             .metrics()
             .map(|m| m.to_prometheus())
             .map_err(|e| JsValue::from_str(&e.to_string()))
     }
 
-    /// When the engine next wants a tick (ms), -1 for never, or -2 when the storage could not
-    /// say (the host then ticks again soon, so no timer is lost).
-    #[wasm_bindgen(js_name = nextWake)]
-    pub fn next_wake(&mut self) -> f64 {
-        match self.engine.next_wake() {
-            Ok(Some(t)) => t as f64,
-            Ok(None) => -1.0,
-            Err(_) => -2.0,
-        }
+    /// This relay's `/.well-known/relay` document.
+    #[wasm_bindgen(js_name = wellKnown)]
+    pub fn well_known(&self) -> String {
+        String::from_utf8(self.relay.well_known()).unwrap_or_default()
     }
 
-    /// The session's holder as JSON `{account, device_id, expires_at}`; throws the error reply JSON.
-    pub fn session(&mut self, token: &str, now: f64) -> Result<String, JsValue> {
-        let i = self
-            .engine
-            .session_info(token, now as u64)
-            .map_err(error_json)?;
-        let mut o = relay_core::wire::json::Object::new();
-        o.insert("account", i.account);
-        o.insert("device_id", i.device_id);
-        o.insert("expires_at", i.expires_at);
-        Ok(canonical::to_string(
-            &relay_core::wire::json::Value::Object(o),
-        ))
+    /// The answer when the host's queue of work for the core is full (503), as `handle` gives it.
+    pub fn busy() -> Vec<u8> {
+        response_bytes(&Response::busy())
     }
 
-    /// Signs an outbound relay request: headers JSON `{relay_id, timestamp, nonce, signature}`.
+    /// The answer for a call lost before it committed (500), as `handle` gives it.
+    pub fn uncommitted() -> Vec<u8> {
+        response_bytes(&Response::uncommitted())
+    }
+
+    /// The answer frame to a WebSocket message when the host's queue of work is full.
+    #[wasm_bindgen(js_name = busyFrame)]
+    pub fn busy_frame(text: &str) -> String {
+        socket::busy_frame(text)
+    }
+
+    /// Signs a relay request as this relay would (for tests that play a peer): headers JSON
+    /// `{relay_id, timestamp, nonce, signature}`.
     #[wasm_bindgen(js_name = signRequest)]
     pub fn sign_request(
         &mut self,
@@ -475,7 +623,7 @@ impl RelayCore {
         let to = RelayId::parse(target).map_err(|e| JsValue::from_str(&e))?;
         let mut nonce = [0u8; 16];
         JsEntropy.fill(&mut nonce);
-        let c = self.engine.config();
+        let c = self.relay.engine().config();
         let h = relay_request::sign(
             &self.seed,
             &c.network,
@@ -486,150 +634,15 @@ impl RelayCore {
             &nonce,
             body.as_bytes(),
         );
-        Ok(headers_json(&h))
+        let mut o = relay_core::wire::json::Object::new();
+        o.insert("relay_id", h.relay_id.as_str());
+        o.insert("timestamp", h.timestamp.as_str());
+        o.insert("nonce", h.nonce.as_str());
+        o.insert("signature", h.signature.as_str());
+        Ok(canonical::to_string(
+            &relay_core::wire::json::Value::Object(o),
+        ))
     }
-
-    /// Cheap checks of an inbound relay request; returns the source relay id or throws the error reply JSON.
-    #[wasm_bindgen(js_name = checkRequest)]
-    pub fn check_request(
-        &mut self,
-        headers: &str,
-        method: &str,
-        body: &str,
-        now: f64,
-    ) -> Result<String, JsValue> {
-        let h = parse_headers(headers)?;
-        let c = self.engine.config();
-        relay_request::precheck(
-            &h,
-            &c.network,
-            &c.relay,
-            method,
-            body.as_bytes(),
-            now as u64,
-            c.policies.clock_tolerance,
-        )
-        .map(|p| p.source.as_str().to_string())
-        .map_err(error_json)
-    }
-
-    /// Verifies an inbound relay request under the source's key (base64url) and consumes its nonce.
-    #[wasm_bindgen(js_name = authenticateRequest)]
-    pub fn authenticate_request(
-        &mut self,
-        headers: &str,
-        method: &str,
-        body: &str,
-        now: f64,
-        source_key: &str,
-    ) -> Result<String, JsValue> {
-        let h = parse_headers(headers)?;
-        let c = self.engine.config().clone();
-        let p = relay_request::precheck(
-            &h,
-            &c.network,
-            &c.relay,
-            method,
-            body.as_bytes(),
-            now as u64,
-            c.policies.clock_tolerance,
-        )
-        .map_err(error_json)?;
-        let key = base64url::decode_array::<32>(source_key).ok_or_else(|| {
-            error_json(relay_core::Error::new(
-                relay_core::ErrorCode::Unauthenticated,
-                "bad relay key",
-            ))
-        })?;
-        self.engine
-            .authenticate_relay(&p, &key, now as u64)
-            .map(|r| r.as_str().to_string())
-            .map_err(error_json)
-    }
-
-    /// Parses a peer's `/.well-known/relay` and returns its key (base64url), checking relay and network.
-    #[wasm_bindgen(js_name = peerKey)]
-    pub fn peer_key(&self, body: &str, relay: &str) -> Result<String, JsValue> {
-        let id = RelayId::parse(relay).map_err(|e| JsValue::from_str(&e))?;
-        relay_request::parse_well_known(body.as_bytes(), &id, &self.engine.config().network)
-            .map(|k| base64url::encode(&k))
-            .map_err(error_json)
-    }
-
-    /// This relay's `/.well-known/relay` document.
-    #[wasm_bindgen(js_name = wellKnown)]
-    pub fn well_known(&self) -> String {
-        canonical::to_string(
-            &self
-                .engine
-                .well_known(&relay_request::public_key(&self.seed)),
-        )
-    }
-
-    /// Parses a WebSocket frame: JSON `{"id", "method", "params"}` with params as the exact text sent,
-    /// or `{"id", "error"}`.
-    #[wasm_bindgen(js_name = parseFrame)]
-    pub fn parse_frame(text: &str) -> String {
-        use relay_core::wire::json::{Object, Value};
-        let mut o = Object::new();
-        match relay_core::wire::frame::parse(text.as_bytes()) {
-            Ok(f) => {
-                o.insert("id", f.id);
-                o.insert("method", f.method);
-                o.insert("params", String::from_utf8_lossy(&f.params).into_owned());
-            }
-            Err((id, e)) => {
-                o.insert("id", id);
-                let body = relay_core::engine::error_body(&e);
-                o.insert(
-                    "error",
-                    body.as_object()
-                        .and_then(|b| b.get("error"))
-                        .cloned()
-                        .unwrap_or(Value::Null),
-                );
-            }
-        }
-        canonical::to_string(&Value::Object(o))
-    }
-
-    /// Strict I-JSON check of a request body, as the core would judge it; returns the error reply JSON or empty.
-    #[wasm_bindgen(js_name = checkJson)]
-    pub fn check_json(body: &str) -> String {
-        match relay_core::wire::json::parse_object(body.as_bytes()) {
-            Ok(_) => String::new(),
-            Err(e) => reply_json(&Response {
-                result: Err(e.into()),
-                effects: Vec::new(),
-            }),
-        }
-    }
-}
-
-fn headers_json(h: &RelayHeaders) -> String {
-    let mut o = relay_core::wire::json::Object::new();
-    o.insert("relay_id", h.relay_id.as_str());
-    o.insert("timestamp", h.timestamp.as_str());
-    o.insert("nonce", h.nonce.as_str());
-    o.insert("signature", h.signature.as_str());
-    canonical::to_string(&relay_core::wire::json::Value::Object(o))
-}
-
-fn parse_headers(s: &str) -> Result<RelayHeaders, JsValue> {
-    let o = relay_core::wire::json::parse_object(s.as_bytes())
-        .map_err(|e| JsValue::from_str(&e.to_string()))?;
-    let f = relay_core::wire::field::Fields::new(&o);
-    let get = |k: &str| {
-        f.str(k)
-            .map(str::to_string)
-            .map_err(|e| JsValue::from_str(&e.to_string()))
-    };
-    Ok(RelayHeaders {
-        relay_id: get("relay_id")?,
-        timestamp: get("timestamp")?,
-        nonce: get("nonce")?,
-        signature: get("signature")?,
-    })
 }
 
 /// The platform CSPRNG as a `rand_core` generator, for the client builders.

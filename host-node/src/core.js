@@ -45,11 +45,37 @@ function loadModule(crypto) {
   return mod;
 }
 
-const INTERNAL = JSON.stringify({
-  status: 500,
-  body: { error: { code: 'internal', message: 'the relay core failed; nothing was accepted' } },
-  effects: [],
-});
+const decoder = new TextDecoder();
+
+/**
+ * What the core made of a request (or an in-process call), read from its one buffer: an
+ * answer `{status, headers, effects?, body}` (the body as bytes, to write as they are), or
+ * `{fetch: {relay, url}}`, `{upgrade: {token, account, device_id, expires_at}}`, `{backup: path}`.
+ * @typedef {{status: number, headers: Record<string, string>, effects?: object[], body: Uint8Array}} Answer
+ * @typedef {Answer | {fetch: {relay: string, url: string}} | {upgrade: {token: string, account: string, device_id: string, expires_at: number}} | {backup: string}} Step
+ * @param {Uint8Array} bytes @returns {Step}
+ */
+export function stepOf(bytes) {
+  const nl = bytes.indexOf(10);
+  const head = JSON.parse(decoder.decode(bytes.subarray(0, nl)));
+  if (head.status !== undefined) head.body = bytes.subarray(nl + 1);
+  return head;
+}
+
+/** The core's statics (answers for work it never saw), from a module loaded once per thread. */
+let statics = null;
+function core() {
+  statics ??= loadModule(null).RelayCore;
+  return statics;
+}
+/** The answer when the work waiting for the core is full: 503 unavailable, Retry-After 1. @returns {Answer} */
+export const busyAnswer = () => /** @type {Answer} */ (stepOf(core().busy()));
+/** The answer frame to a WebSocket message when the work waiting for the core is full. @param {string} text */
+export const busyFrame = (text) => core().busyFrame(text);
+/** The request headers the core reads (lowercase): a host passes only these. @type {() => string[]} */
+export const requestHeaders = () => core().requestHeaders().split(',');
+/** The answer for a call lost before it committed: 500 internal, nothing was accepted. @returns {Answer} */
+const uncommitted = () => /** @type {Answer} */ (stepOf(core().uncommitted()));
 
 /**
  * @typedef {object} Storage
@@ -62,9 +88,9 @@ const INTERNAL = JSON.stringify({
  * A fresh `RelayCore` over the storage. The core checks the store's schema version first; a
  * store written by a newer relay (or one it cannot read) throws an Error with its message.
  */
-function instance(mod, config, storage, seed) {
+function instance(mod, config, storage, seed, operator) {
   try {
-    return new mod.RelayCore(config, storage, seed);
+    return new mod.RelayCore(config, storage, seed, operator);
   } catch (e) {
     if (e instanceof WebAssembly.RuntimeError) throw e;
     throw new Error(messageOf(e));
@@ -74,7 +100,8 @@ function instance(mod, config, storage, seed) {
 export class Core {
   /**
    * @param {object} mod @param {string} config @param {Storage} storage @param {Uint8Array} seed @param {object | null} crypto
-   * @param {{metrics?: import('./metrics.js').RelayMetrics | null, log?: Log}} [host] where traps, restarts and commits are counted and logged
+   * @param {{metrics?: import('./metrics.js').RelayMetrics | null, log?: Log, operator?: string | null}} [host] where traps, restarts and
+   *   commits are counted and logged, and the operator token (none: no operator API)
    */
   constructor(mod, config, storage, seed, crypto, host = {}) {
     this.mod = mod;
@@ -85,12 +112,13 @@ export class Core {
     this.traps = 0;
     this.metrics = host.metrics ?? null;
     this.log = host.log ?? new Log();
-    this.inner = instance(mod, config, storage, seed);
+    this.operator = host.operator ?? null;
+    this.inner = instance(mod, config, storage, seed, this.operator);
     /** False from a trap until a fresh instance stands (for /readyz). */
     this.healthy = true;
     /** False while the last group commit failed (for /readyz): the storage does not take writes. */
     this.committing = true;
-    /** Called with the fresh instance's next wake-up (ms, or -1) after each recovery from a trap. */
+    /** Called after each recovery from a trap: the relay ticks the fresh instance (which arms its timer). */
     this.onRecover = null;
     /** Called after a group commit failed: the relay ticks again soon, so no timer is lost. */
     this.onCommitFailed = null;
@@ -99,19 +127,21 @@ export class Core {
   }
 
   /**
-   * Calls a method as part of a commit group (when the storage can group commits): the
-   * calls made in one turn of the event loop share one transaction, and each answer (with
-   * its effects) is released only after that transaction is durable.
-   * @returns {Promise<object>} the reply, as `call` returns it
+   * Runs `f` (a call into the core returning its buffer) as part of a commit group, when the
+   * storage can group commits: the calls made in one turn of the event loop share one
+   * transaction, and each answer (with its effects) is released only after that transaction
+   * is durable.
+   * @param {(c: any) => Uint8Array} f
+   * @returns {Promise<Step>}
    */
-  callGrouped(kind, value, origin, method, params, now) {
-    if (typeof this.storage.begin !== 'function' || GROUP_CAP === 0) return Promise.resolve(this.call(kind, value, origin, method, params, now));
+  grouped(f) {
+    if (typeof this.storage.begin !== 'function' || GROUP_CAP === 0) return Promise.resolve(this.#step(f, true));
     if (!this.group) {
       this.storage.begin();
       this.group = [];
       setImmediate(() => this.flushGroup());
     }
-    const reply = JSON.parse(this.#run((c) => c.call(kind, value, origin, method, params, now), INTERNAL));
+    const reply = this.#step(f, false);
     const answer = new Promise((resolve) => this.group.push([reply, resolve]));
     if (this.group.length >= GROUP_CAP) this.flushGroup();
     return answer;
@@ -134,7 +164,7 @@ export class Core {
       this.log.error(`group commit of ${group.length} calls failed: ${messageOf(e)}`);
       this.onCommitFailed?.();
     }
-    for (const [reply, resolve] of group) resolve(durable ? reply : JSON.parse(INTERNAL));
+    for (const [reply, resolve] of group) resolve(durable ? reply : uncommitted());
   }
 
   /**
@@ -143,6 +173,12 @@ export class Core {
    */
   static async create(config, storage, seed, crypto = hostCrypto(), host = {}) {
     return new Core(loadModule(crypto ?? null), config, storage, seed, crypto ?? null, host);
+  }
+
+  /** A call into the core read as a step; a trap answers `uncommitted`. */
+  #step(f, flush) {
+    const bytes = flush ? this.guard(f, null) : this.#run(f, null);
+    return bytes === null ? uncommitted() : stepOf(bytes);
   }
 
   /** Runs `f` against the instance, after committing any open group (so its answer and effects never precede a commit). */
@@ -176,36 +212,58 @@ export class Core {
     // Unregisters the object's finalizer (plain JS), so nothing frees it inside the trapped instance later.
     this.inner.__destroy_into_raw?.();
     this.mod = loadModule(this.crypto);
-    this.inner = instance(this.mod, this.config, this.storage, this.seed);
+    this.inner = instance(this.mod, this.config, this.storage, this.seed, this.operator);
     this.healthy = true;
     this.metrics?.restarts.inc();
-    let at = -1;
-    try {
-      at = this.inner.nextWake();
-    } catch (e) {
-      if (!(e instanceof WebAssembly.RuntimeError)) throw e;
-      // The fresh instance cannot say: look again soon rather than never.
-      at = Date.now() + 1000;
-    }
-    this.onRecover?.(at);
+    this.onRecover?.();
   }
 
-  call(kind, value, origin, method, params, now) {
-    return JSON.parse(this.guard((c) => c.call(kind, value, origin, method, params, now), INTERNAL));
+  /**
+   * A request read whole, in a commit group. `req.headers` is `name\nvalue\n` for each of
+   * `requestHeaders()` present.
+   * @param {{admin: boolean, method: string, path: string, query: string, headers: string, body: Uint8Array, origin: string | null}} req
+   * @returns {Promise<Step>}
+   */
+  handle(req, now) {
+    return this.grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, now));
   }
-  callValue(kind, value, method, params, now) {
-    return this.guard((c) => c.callValue(kind, value, method, params, now), JSON.parse(INTERNAL));
-  }
-  outcome(task, attempt, kind, body, now) {
-    return JSON.parse(this.guard((c) => c.outcome(task, attempt, kind, body, now), '[]'));
+  /** Reports the GET of a `fetch` step: `status` the answer's (with `body`), -1 never sent, -2 no answer. */
+  keyFetched(relay, status, body, now) {
+    this.guard((c) => c.keyFetched(relay, status, body, now), null);
   }
   /**
-   * Runs what is due: the effects, the entries the tick set aside (if any), and why it could
-   * not commit (if it could not).
-   * @returns {{effects: object[], quarantined?: Array<{entry: string, code: string, message: string, at: number}>, error?: string}}
+   * A WebSocket text message: the answer frame, and the close to follow it and effects, if any.
+   * @returns {{text: string, close?: [number, string], effects?: object[]}}
+   */
+  message(token, origin, text, now) {
+    const s = this.guard((c) => c.message(token, origin, text, now), null);
+    if (s === null) {
+      // The frame's id, as the core reads it, on the answer of a call that was lost.
+      const f = JSON.parse(core().busyFrame(text));
+      f.error = JSON.parse(decoder.decode(uncommitted().body)).error;
+      return { text: JSON.stringify(f) };
+    }
+    const nl = s.indexOf('\n');
+    return nl === 0 ? { text: s.slice(1) } : { ...JSON.parse(s.slice(0, nl)), text: s.slice(nl + 1) };
+  }
+  /** Calls a method in process (no commit group). @returns {Answer} */
+  call(kind, value, origin, method, params, now) {
+    return /** @type {Answer} */ (this.#step((c) => c.call(kind, value, origin, method, params, now), true));
+  }
+  callValue(kind, value, method, params, now) {
+    return this.guard((c) => c.callValue(kind, value, method, params, now), { status: 500, body: JSON.parse(decoder.decode(uncommitted().body)) });
+  }
+  /** Reports a `send` event the host carried (`status` as for `keyFetched`); returns the events. @returns {object[]} */
+  fetched(task, attempt, status, body, now) {
+    return JSON.parse(this.guard((c) => c.fetched(task, attempt, status, body, now), '[]'));
+  }
+  /**
+   * Runs what is due: the events (ending with the next wake-up, if any), the entries the
+   * tick set aside (if any), and why it could not commit (if it could not).
+   * @returns {{events: object[], quarantined?: Array<{entry: string, code: string, message: string, at: number}>, error?: string}}
    */
   tick(now) {
-    return JSON.parse(this.guard((c) => c.tick(now), '{"effects":[]}'));
+    return JSON.parse(this.guard((c) => c.tick(now), '{"events":[],"error":"the core trapped"}'));
   }
   /**
    * The core's counters and pending deliveries in the Prometheus text format ('' when the
@@ -220,50 +278,7 @@ export class Core {
       throw e;
     }
   }
-  nextWake() {
-    return this.guard((c) => c.nextWake(), -1);
-  }
-  /** @returns {{ok: true, info: {account: string, device_id: string, expires_at: number}} | {ok: false, reply: object}} */
-  session(token, now) {
-    try {
-      return { ok: true, info: JSON.parse(this.guard((c) => c.session(token, now), 'null')) };
-    } catch (e) {
-      if (typeof e === 'string') return { ok: false, reply: JSON.parse(e) };
-      throw e;
-    }
-  }
-  signRequest(method, target, body, now) {
-    return JSON.parse(this.guard((c) => c.signRequest(method, target, body, now), 'null'));
-  }
-  /** @returns {{ok: true, value: string} | {ok: false, reply: object}} */
-  checkRequest(headers, method, body, now) {
-    return this.#fallible((c) => c.checkRequest(JSON.stringify(headers), method, body, now));
-  }
-  authenticateRequest(headers, method, body, now, key) {
-    return this.#fallible((c) => c.authenticateRequest(JSON.stringify(headers), method, body, now, key));
-  }
-  peerKey(body, relay) {
-    return this.#fallible((c) => c.peerKey(body, relay));
-  }
   wellKnown() {
     return this.guard((c) => c.wellKnown(), '{}');
-  }
-  /** A WebSocket frame parsed by the core: `{id, method, params}` or `{id, error}`. */
-  parseFrame(text) {
-    return JSON.parse(this.mod.RelayCore.parseFrame(text));
-  }
-  /** The core's strict I-JSON verdict on a body: null if fine, else the error reply. */
-  checkJson(body) {
-    const r = this.mod.RelayCore.checkJson(body);
-    return r === '' ? null : JSON.parse(r);
-  }
-  #fallible(f) {
-    try {
-      const v = this.guard(f, null);
-      return v === null ? { ok: false, reply: JSON.parse(INTERNAL) } : { ok: true, value: v };
-    } catch (e) {
-      if (typeof e === 'string') return { ok: false, reply: JSON.parse(e) };
-      throw e;
-    }
   }
 }

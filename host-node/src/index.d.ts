@@ -102,6 +102,62 @@ export interface Reply {
   body: any;
 }
 
+/** A request read whole, as the core takes it. */
+export interface HttpRequest {
+  /** Whether it came to the admin listener. */
+  admin: boolean;
+  /** `GET`, `POST`, ... */
+  method: string;
+  /** The target's path, without the query. */
+  path: string;
+  /** The query without `?` ('' when none). */
+  query: string;
+  /** `name\nvalue\n` for each header the core reads that is present (lowercase names). */
+  headers: string;
+  body: Uint8Array;
+  /** The peer's IP address, no port; null in process. */
+  origin: string | null;
+}
+
+/** An answer to write as it is. */
+export interface HttpAnswer {
+  status: number;
+  /** `content-type`, and `retry-after` with 429 and 503. */
+  headers: Record<string, string>;
+  body: Uint8Array;
+}
+
+/** Who a WebSocket belongs to; the host closes it with 4401 "session expired" at `expires_at`. */
+export interface WebSocketSession {
+  token: string;
+  account: string;
+  device_id: string;
+  expires_at: number;
+}
+
+/** The core's answer to a WebSocket text message. */
+export interface SocketAnswer {
+  /** The answer frame to send. */
+  text: string;
+  /** Close the socket after it with this code and reason. */
+  close: [number, string] | null;
+}
+
+/** An account's timeline changed: `frame` is the notification to send to its WebSockets. */
+export interface Notification {
+  account: string;
+  latest_seq: number;
+  frame: string;
+}
+
+/** Every WebSocket of this device is to close with `code` and `reason` (a revoked device). */
+export interface SessionsEnded {
+  account: string;
+  device_id: string;
+  code: number;
+  reason: string;
+}
+
 /**
  * The transport limits of protocol.md §6 (issue 18), each with its `relay-node serve` flag
  * and TOML key; every one a positive integer.
@@ -176,8 +232,14 @@ export class Relay extends EventEmitter {
   call(caller: Caller, method: string, params: string | object): Reply;
   /** Calls a method in a commit group: concurrent calls share one durable transaction; resolves after it commits. */
   callGrouped(caller: Caller, method: string, params: string | object): Promise<Reply>;
-  /** The holder of a session token. */
-  session(token: string): { ok: true; info: { account: string; device_id: string; expires_at: number } } | { ok: false; reply: Reply };
+  /**
+   * A request read whole, answered by the core (routing, the operator gate, relay
+   * authentication with its key fetches): the answer to write as it is, or the session a
+   * `GET /v1/ws` upgrade belongs to. A backup the operator asks for is written here.
+   */
+  handle(req: HttpRequest): Promise<HttpAnswer | { upgrade: WebSocketSession }>;
+  /** A WebSocket text message of the session `token`: the answer frame, and the close to follow it, if any. */
+  message(token: string, text: string, origin?: string | null): SocketAnswer;
   /** This relay's /.well-known/relay document. */
   wellKnown(): string;
   /** Storage open, core instance healthy, not shutting down. */
@@ -188,8 +250,8 @@ export class Relay extends EventEmitter {
   backup(file: string): Promise<BackupResult>;
   /** Stops timers, waits for deliveries in flight, closes the storage. */
   close(): Promise<void>;
-  on(event: 'notify', listener: (n: { account: string; latest_seq: number }) => void): this;
-  on(event: 'end_device_sessions', listener: (d: { account: string; device_id: string }) => void): this;
+  on(event: 'notify', listener: (n: Notification) => void): this;
+  on(event: 'end_device_sessions', listener: (d: SessionsEnded) => void): this;
 }
 
 export function createRelay(opts: RelayOptions): Promise<Relay>;
@@ -208,16 +270,22 @@ export class RelayThread extends EventEmitter {
   readonly adminListen: string;
   /** This thread's log (the relay thread logs in the same format). */
   readonly log: Log;
+  /** As `Relay.handle`, answered by the thread. */
+  handle(req: HttpRequest): Promise<HttpAnswer | { upgrade: WebSocketSession }>;
+  /** As `Relay.message`, answered by the thread. */
+  message(token: string, text: string, origin?: string | null): Promise<SocketAnswer>;
   /** Counters of the relay on the thread. */
   stats(): Promise<{ coreCalls: number; preverified: number }>;
   /** As `Relay.ready`, asked of the thread; not ready once the thread is gone or closing. */
   ready(): Promise<Readiness>;
   /** As `Relay.metricsText`, asked of the thread at each call (the figures live there). */
   metrics(): Promise<string>;
+  /** The same as `metrics`. */
+  metricsText(): Promise<string>;
   /** Stops the relay on its thread (deliveries in flight finish, the storage closes), then the thread. */
   close(): Promise<void>;
-  on(event: 'notify', listener: (n: { account: string; latest_seq: number }) => void): this;
-  on(event: 'end_device_sessions', listener: (d: { account: string; device_id: string }) => void): this;
+  on(event: 'notify', listener: (n: Notification) => void): this;
+  on(event: 'end_device_sessions', listener: (d: SessionsEnded) => void): this;
   /** The thread stopped unasked; its requests' connections were dropped (error code `RELAY_THREAD_LOST`). */
   on(event: 'lost', listener: (e: Error & { code: 'RELAY_THREAD_LOST' }) => void): this;
 }

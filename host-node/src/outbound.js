@@ -1,5 +1,6 @@
-// Outbound safety (issue 18): which addresses a relay may connect to, the DNS lookup that
-// connects only to those, and the limits on fetching a claimed relay's key.
+// Outbound safety (issue 18): which addresses a relay may connect to, and the DNS lookup that
+// connects only to those. (The limits on fetching a claimed relay's key are the core's:
+// relay_core::transport::keys.)
 //
 // Off the `dev` network a relay connects only to public addresses: a peer name is resolved
 // here, every address it resolves to is checked, and the connection goes to a checked one
@@ -125,89 +126,4 @@ export function refusedUrl(u, rules) {
     if (why) return `${u.origin}: ${host} is ${why}`;
   }
   return null;
-}
-
-/** Per claimed relay id, at most one key fetch in this long. */
-export const KEY_FETCH_INTERVAL_MS = 10_000;
-/** A failed key fetch is remembered this long: no fetch for that relay until then. */
-export const KEY_FETCH_NEGATIVE_MS = 60_000;
-/** Key fetches in flight at most, all relays together; beyond it the request gets 503. */
-export const KEY_FETCH_CONCURRENCY = 8;
-/** Relays whose fetch times and failures are remembered, at most (then the oldest go). */
-const KEY_FETCH_MEMORY = 65536;
-
-/**
- * The key-fetch limits of protocol.md §6 for relay requests: a fetch per claimed relay at
- * most once per `interval`, a failed fetch cached for `negative`, `concurrency` in flight
- * in all, and concurrent requests for the same relay sharing one fetch.
- */
-export class KeyFetches {
-  /**
-   * @param {(relay: string) => Promise<string | null>} fetchKey fetches and checks a key; null when it failed
-   * @param {{interval?: number, negative?: number, concurrency?: number, now?: () => number}} [opts]
-   */
-  constructor(fetchKey, { interval = KEY_FETCH_INTERVAL_MS, negative = KEY_FETCH_NEGATIVE_MS, concurrency = KEY_FETCH_CONCURRENCY, now = Date.now } = {}) {
-    this.fetchKey = fetchKey;
-    this.interval = interval;
-    this.negative = negative;
-    this.concurrency = concurrency;
-    this.now = now;
-    /** @type {Map<string, string>} keys fetched, by relay */
-    this.keys = new Map();
-    /** @type {Map<string, number>} when each relay's last fetch started */
-    this.last = new Map();
-    /** @type {Map<string, number>} until when each relay's failure is remembered */
-    this.failed = new Map();
-    /** @type {Map<string, Promise<string | null>>} fetches in flight, by relay */
-    this.inflight = new Map();
-    /** Fetches made (for tests and metrics). */
-    this.fetches = 0;
-  }
-
-  /**
-   * The relay's key: `{key}` (null when there is none to use: never fetched successfully,
-   * or failed lately), or `{busy: true}` when a fetch is needed and `concurrency` are in
-   * flight. `refresh` asks for a newer key than the cached one (a signature did not verify
-   * under it): fetched only if the relay's interval has passed.
-   * @param {string} relay
-   * @param {boolean} [refresh]
-   * @returns {Promise<{key: string | null, busy?: boolean}>}
-   */
-  async get(relay, refresh = false) {
-    const cached = this.keys.get(relay) ?? null;
-    if (cached && !refresh) return { key: cached };
-    const shared = this.inflight.get(relay);
-    if (shared) return { key: await shared };
-    const t = this.now();
-    if ((this.failed.get(relay) ?? 0) > t) return { key: null };
-    const last = this.last.get(relay);
-    if (last !== undefined && t - last < this.interval) return { key: refresh ? null : cached };
-    if (this.inflight.size >= this.concurrency) return { key: null, busy: true };
-    remember(this.last, relay, t);
-    this.fetches += 1;
-    const p = this.fetchKey(relay).then(
-      (k) => k,
-      () => null,
-    );
-    this.inflight.set(relay, p);
-    try {
-      const key = await p;
-      if (key) {
-        remember(this.keys, relay, key);
-        this.failed.delete(relay);
-      } else {
-        remember(this.failed, relay, this.now() + this.negative);
-      }
-      return { key };
-    } finally {
-      this.inflight.delete(relay);
-    }
-  }
-}
-
-/** Sets `k` in a bounded map, forgetting the oldest entries when it is full. @param {Map<string, any>} m */
-function remember(m, k, v) {
-  m.delete(k);
-  if (m.size >= KEY_FETCH_MEMORY) m.delete(m.keys().next().value);
-  m.set(k, v);
 }

@@ -75,13 +75,17 @@ export class SessionKeys {
     this.keys.set(token, key);
   }
 
-  /** The digest of a verified envelope in this request, or null (nothing known, or it does not verify). */
-  check(space, method, token, text) {
-    if (space === 'v1' && method === 'message.send' && token) {
+  /**
+   * The digest of a verified envelope in a request to `path`, or null (nothing known, or it
+   * does not verify). A hint only: the core routes and judges the request itself.
+   * @param {string} path @param {string | null} token @param {Uint8Array} body
+   */
+  check(path, token, body) {
+    if (path === '/v1/message.send' && token) {
       const key = this.keys.get(token);
-      return key ? this.native.preverifySend(key, text) : null;
+      return key ? this.native.preverifySend(key, Buffer.from(body.buffer, body.byteOffset, body.length).toString('utf8')) : null;
     }
-    if (space === 'relay/v1' && method === 'message.deliver') return this.native.preverifyDeliver(text);
+    if (path === '/relay/v1/message.deliver') return this.native.preverifyDeliver(Buffer.from(body.buffer, body.byteOffset, body.length).toString('utf8'));
     return null;
   }
 }

@@ -8,7 +8,6 @@
 
 import { parentPort, workerData } from 'node:worker_threads';
 import { createRelay } from './relay.js';
-import { Dispatch } from './dispatch.js';
 import { addon, hostCrypto } from './native.js';
 import { Preverified, preverifying } from './preverify.js';
 import { Log } from './log.js';
@@ -22,8 +21,7 @@ const crypto = preverified ? { ...base, verifyEd25519: preverified.wrap(base.ver
 
 const log = new Log({ format: workerData.logFormat ?? 'text' });
 const relay = await createRelay({ ...workerData, crypto, log });
-const dispatch = new Dispatch(relay);
-for (const event of ['notify', 'end_device_sessions']) dispatch.on(event, (data) => parentPort.postMessage({ event, data }));
+for (const event of ['notify', 'end_device_sessions']) relay.on(event, (data) => parentPort.postMessage({ event, data }));
 
 /** Answers waiting to cross: those a commit group releases together cross in one message. */
 let ready = [];
@@ -38,26 +36,25 @@ function flush() {
   parentPort.postMessage({ answers });
 }
 
-/** An answer's body as JSON text, so the main thread neither clones nor re-serializes a tree. */
-const asText = (r) => ({ status: r.status, body: typeof r.body === 'string' ? r.body : JSON.stringify(r.body) });
+/** The message.send's session, told to the verifier for exactly the span of the core's call. */
+let sending = null;
 
 const ops = {
-  request: async (space, method, token, headers, text, origin) => {
+  handle: async (req) => {
     // The core runs a call synchronously: the session is known to the verifier for exactly its span.
-    if (preverified && space === 'v1' && method === 'message.send') preverified.sending = token;
+    if (preverified) preverified.sending = sending;
     let answer;
     try {
-      answer = dispatch.request(space, method, token, headers, text, origin);
+      answer = relay.handle(req);
     } finally {
       if (preverified) preverified.sending = null;
     }
-    return asText(await answer);
+    return answer;
   },
-  session: (token) => dispatch.session(token),
-  frame: (token, text, origin) => dispatch.frame(token, text, origin),
+  message: (token, text, origin) => relay.message(token, text, origin),
   stats: () => ({ coreCalls: relay.coreCalls, preverified: preverified?.hits ?? 0 }),
-  ready: () => dispatch.ready(),
-  metrics: () => dispatch.metrics(),
+  ready: () => relay.ready(),
+  metrics: () => relay.metricsText(),
 };
 
 async function run(id, op, args) {
@@ -71,14 +68,16 @@ async function run(id, op, args) {
 
 parentPort.on('message', async (m) => {
   if (m.close) {
-    await dispatch.close();
+    await relay.close();
     flush();
     parentPort.postMessage({ closed: true });
     parentPort.close();
     return;
   }
   if (m.pre && preverified) preverified.add(m.pre);
+  sending = m.sending ?? null;
   run(m.id, m.op, m.args);
+  sending = null;
 });
 
-parentPort.postMessage({ started: { wellKnown: dispatch.wellKnown, maxRequestBytes: dispatch.maxRequestBytes, data: dispatch.data, adminListen: dispatch.adminListen } });
+parentPort.postMessage({ started: { wellKnown: relay.wellKnown(), maxRequestBytes: relay.maxRequestBytes, data: relay.data, adminListen: relay.adminListen } });

@@ -68,19 +68,27 @@ export class RelayThread extends EventEmitter {
     });
   }
 
-  /** Same as `Dispatch.request`, answered by the thread; the body comes back as JSON text. */
-  request(space, method, token, headers, text, origin = null) {
-    return this.#call('request', [space, method, token, headers, text, origin], this.sessionKeys?.check(space, method, token, text) ?? null);
+  /**
+   * Same as `Relay.handle`, answered by the thread. The body crosses (moved, not cloned); a
+   * client's message.send or a relay's message.deliver may carry the digest of an envelope
+   * verified here first (preverify.js).
+   * @param {import('./relay.js').Request} req
+   */
+  handle(req) {
+    const body = new Uint8Array(req.body);
+    let pre = null;
+    let sending = null;
+    if (this.sessionKeys && req.method === 'POST' && req.body.length > 0) {
+      const token = /^authorization\nBearer (.*)\n/m.exec(req.headers)?.[1]?.trim() ?? null;
+      pre = this.sessionKeys.check(req.path, token, req.body);
+      if (req.path === '/v1/message.send') sending = token;
+    }
+    return this.#call('handle', [{ ...req, body }], pre, sending, [body.buffer]);
   }
 
-  /** Same as `Dispatch.session`. */
-  session(token) {
-    return this.#call('session', [token]);
-  }
-
-  /** Same as `Dispatch.frame`. */
-  frame(token, text, origin = null) {
-    return this.#call('frame', [token, text, origin]);
+  /** Same as `Relay.message`. */
+  message(token, text, origin = null) {
+    return this.#call('message', [token, text, origin]);
   }
 
   /** Stops the relay on its thread (deliveries in flight finish, the storage closes), then the thread. */
@@ -110,6 +118,11 @@ export class RelayThread extends EventEmitter {
     }
   }
 
+  /** Same as `metrics` (the name `Relay` gives it). */
+  metricsText() {
+    return this.metrics();
+  }
+
   /**
    * The metrics of the relay on the thread (the core's, then the relay's), asked for at
    * each scrape: the figures live there.
@@ -124,12 +137,12 @@ export class RelayThread extends EventEmitter {
     return this.#call('stats', []);
   }
 
-  #call(op, args, pre = null) {
+  #call(op, args, pre = null, sending = null, transfer = []) {
     if (this.gone) return Promise.reject(this.gone);
     if (this.closing) return Promise.reject(new Error('the relay thread is closing'));
     const id = this.nextId++;
     // Posted at once: the thread starts on a request while this one reads the next.
-    this.worker.postMessage(pre === null ? { id, op, args } : { id, op, args, pre });
+    this.worker.postMessage(pre === null && sending === null ? { id, op, args } : { id, op, args, pre, sending }, transfer);
     return new Promise((resolve, reject) => this.pending.set(id, [resolve, reject]));
   }
 

@@ -8,17 +8,19 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core } from './core.js';
+import { Core, busyAnswer } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { RelayMetrics } from './metrics.js';
-import { KeyFetches, REFUSED_CODE, refusedUrl, vettedLookup } from './outbound.js';
+import { REFUSED_CODE, refusedUrl, vettedLookup } from './outbound.js';
 import { LIMITS } from './limits.js';
 
 /** The whole exchange may take at most this long before its outcome counts as unknown. */
 const RESPONSE_TIMEOUT_MS = 20000;
 
 const b64u = (buf) => Buffer.from(buf).toString('base64url');
+/** Params as the core takes them: bytes (a string is UTF-8 encoded, a value serialized). */
+const bytesOf = (p) => (p instanceof Uint8Array ? p : Buffer.from(typeof p === 'string' ? p : JSON.stringify(p)));
 
 /**
  * A secret of `len` bytes kept in `file` (base64url): read when the file is there, made
@@ -81,8 +83,20 @@ function caList(ca) {
   return (Array.isArray(ca) ? ca : [ca]).map((c) => c.toString());
 }
 
-/** The methods whose 200 answer is a DeliveryStatus of an accepted message (logged as `accepted`). */
-const ACCEPTING = new Set(['message.send', 'message.deliver']);
+/** The paths whose 200 answer is a DeliveryStatus of an accepted message (logged as `accepted`). */
+const ACCEPTING = new Set(['/v1/message.send', '/relay/v1/message.deliver']);
+const EMPTY = new Uint8Array(0);
+const decoder = new TextDecoder();
+/** An exchange's outcome as the core takes it: the answer's status, -1 never sent, -2 sent without an answer. */
+const statusOf = (r) => (r.kind === 'answered' ? r.status : r.kind === 'not_sent' ? -1 : -2);
+/** An answer the host makes itself (a backup's). @param {number} status @param {object} value */
+const answer = (status, value) => ({ status, headers: { 'content-type': 'application/json' }, body: Buffer.from(JSON.stringify(value)) });
+
+/**
+ * A request read whole, as the core takes it (`Core.handle`).
+ * @typedef {{admin: boolean, method: string, path: string, query: string, headers: string, body: Uint8Array, origin: string | null}} Request
+ * @typedef {{status: number, headers: Record<string, string>, body: Uint8Array}} Answer
+ */
 
 /**
  * @typedef {object} RelayInfo
@@ -139,49 +153,109 @@ export class Relay extends EventEmitter {
     };
     /** Connections go only to checked addresses, unless on `dev` or private peers are allowed. */
     this.lookup = this.network === 'dev' || this.outbound.allowPrivatePeers ? undefined : vettedLookup;
-    /** The limits on fetching claimed relays' keys (protocol.md §6). */
-    this.keyFetches = new KeyFetches(async (relay) => {
-      const r = await this.exchange('GET', `${relay}/.well-known/relay`, {}, undefined);
-      if (r.kind !== 'answered' || r.status !== 200) {
-        this.log.debug(`key fetch from ${relay} failed: ${r.kind === 'answered' ? `status ${r.status}` : r.why}`);
-        return null;
-      }
-      const k = this.core.peerKey(r.body, relay);
-      return k.ok ? k.value : null;
-    });
-    // After a trap, whatever call it was, the fresh instance's next wake-up is armed.
-    core.onRecover = (at) => this.#schedule(at);
+    /** Key fetches in flight, by relay: requests waiting for the same relay's key share one GET. */
+    this.keyFetches = new Map();
+    /** When (in `fetchSeq`, counting fetches ended) each relay's last key fetch ended. */
+    this.fetchedAt = new Map();
+    this.fetchSeq = 0;
+    // After a trap, whatever call it was, the fresh instance is ticked (which arms its timer).
+    core.onRecover = () => this.#schedule(Date.now());
     core.onCommitFailed = () => this.#retrySoon();
-    this.#schedule(core.nextWake());
+    // The first tick (which arms the timer) on the next turn: whoever serves this relay
+    // listens by then, so a peer fetching its key to authenticate a retry finds it.
+    this.#schedule(Date.now());
   }
 
   /**
    * Calls a method. `caller` is `{kind: 'anonymous'|'session'|'relay'|'operator', value?, origin?}`;
-   * `origin` is the network address it connected from (the transports pass the peer's IP
-   * address), by which anonymous calls are limited too; none for an in-process caller.
+   * `origin` is the network address it connected from, by which anonymous calls are limited
+   * too; none for an in-process caller.
    * @returns {{status: number, body: object}}
    */
   call(caller, method, params) {
     this.coreCalls += 1;
-    const text = typeof params === 'string' ? params : JSON.stringify(params);
-    const r = this.core.call(caller.kind, caller.value ?? '', caller.origin ?? null, method, text, Date.now());
-    this.#run(r.effects);
-    if (this.log.events && r.status === 200 && ACCEPTING.has(method)) this.#accepted(method, r.body);
-    return { status: r.status, body: r.body };
+    return this.#answered(method, this.core.call(caller.kind, caller.value ?? '', caller.origin ?? null, method, bytesOf(params), Date.now()));
   }
 
   /**
-   * Calls a method in a commit group (the transports use this): concurrent calls share one
-   * durable transaction; the answer and effects come after it commits.
+   * Calls a method in a commit group: concurrent calls share one durable transaction; the
+   * answer and effects come after it commits.
    * @returns {Promise<{status: number, body: object}>}
    */
   async callGrouped(caller, method, params) {
     this.coreCalls += 1;
-    const text = typeof params === 'string' ? params : JSON.stringify(params);
-    const r = await this.core.callGrouped(caller.kind, caller.value ?? '', caller.origin ?? null, method, text, Date.now());
+    const p = bytesOf(params);
+    const r = /** @type {import('./core.js').Answer} */ (await this.core.grouped((c) => c.call(caller.kind, caller.value ?? '', caller.origin ?? null, method, p, Date.now())));
+    return this.#answered(method, r);
+  }
+
+  #answered(method, r) {
     this.#run(r.effects);
-    if (this.log.events && r.status === 200 && ACCEPTING.has(method)) this.#accepted(method, r.body);
-    return { status: r.status, body: r.body };
+    const body = JSON.parse(decoder.decode(r.body));
+    if (this.log.events && r.status === 200 && (method === 'message.send' || method === 'message.deliver')) this.#accepted(method, body);
+    return { status: r.status, body };
+  }
+
+  /**
+   * A request read whole (`/v1/...`, `/relay/v1/...`, `/admin/v1/...`, `/.well-known/relay`,
+   * a WebSocket upgrade), answered by the core: the answer to write, or the session a
+   * WebSocket upgrade belongs to. A relay request whose source key is not known yet waits
+   * for its fetch (one GET per relay in flight), then goes in again; a backup is written here.
+   * @param {Request} req
+   * @returns {Promise<Answer | {upgrade: {token: string, account: string, device_id: string, expires_at: number}}>}
+   */
+  async handle(req) {
+    for (let round = 0; ; round += 1) {
+      this.coreCalls += 1;
+      const seq = this.fetchSeq;
+      const s = await this.core.handle(req, Date.now());
+      if ('fetch' in s && round < 3) {
+        // The answer waits for its commit group: a fetch the core said to wait for may have
+        // ended meanwhile. Then it goes in again at once, rather than fetching a second time.
+        if ((this.fetchedAt.get(s.fetch.relay) ?? -1) < seq || this.keyFetches.has(s.fetch.relay)) await this.#fetchKey(s.fetch.relay, s.fetch.url);
+        continue;
+      }
+      if ('upgrade' in s) return s;
+      if ('backup' in s) return this.#backup(s.backup);
+      if (!('status' in s)) return { ...busyAnswer() };
+      this.#run(s.effects);
+      if (this.log.events && s.status === 200 && ACCEPTING.has(req.path)) this.#accepted(req.path.slice(req.path.lastIndexOf('/') + 1), JSON.parse(decoder.decode(s.body)));
+      return { status: s.status, headers: s.headers, body: s.body };
+    }
+  }
+
+  /** A WebSocket text message of session `token`: the answer frame, and the close to follow it, if any. */
+  message(token, text, origin = null) {
+    this.coreCalls += 1;
+    const a = this.core.message(token, origin, text, Date.now());
+    if (a.effects) this.#run(a.effects);
+    return { text: a.text, close: a.close ?? null };
+  }
+
+  /** GETs a relay's key document for the core (one GET per relay in flight) and reports it. */
+  #fetchKey(relay, url) {
+    let p = this.keyFetches.get(relay);
+    if (!p) {
+      p = this.exchange('GET', url, {}, undefined).then((r) => {
+        if (r.kind !== 'answered' || r.status !== 200) this.log.debug(`key fetch from ${relay} failed: ${r.kind === 'answered' ? `status ${r.status}` : r.why}`);
+        this.core.keyFetched(relay, statusOf(r), r.body ?? EMPTY, Date.now());
+        this.keyFetches.delete(relay);
+        if (this.fetchedAt.size >= 65536) this.fetchedAt.clear();
+        this.fetchedAt.set(relay, this.fetchSeq++);
+      });
+      this.keyFetches.set(relay, p);
+    }
+    return p;
+  }
+
+  /** `POST /admin/v1/backup`: the core checked the operator and the path; the copy is made here. */
+  async #backup(file) {
+    try {
+      return answer(200, await this.backup(file));
+    } catch (e) {
+      this.log.error(`backup to ${file}: ${messageOf(e)}`);
+      return answer(500, { error: { code: 'internal', message: `backup: ${messageOf(e)}` } });
+    }
   }
 
   /** The structured line of an accepted message, from the DeliveryStatus the core answered with. */
@@ -189,18 +263,13 @@ export class Relay extends EventEmitter {
     this.log.event({ event: 'accepted', method, message_id: s.message_id, from: s.from, to: s.to, status: s.status });
   }
 
-  /** The holder of a session token, or the error reply. */
-  session(token) {
-    return this.core.session(token, Date.now());
-  }
-
-  /** Runs effects: deliveries, wake-ups, notifications, session ends. */
-  #run(effects) {
-    for (const e of effects) {
+  /** Runs events: deliveries, wake-ups, notifications, session ends. */
+  #run(events) {
+    for (const e of events ?? []) {
       if (e.type === 'send') this.#attempt(e);
       else if (e.type === 'wake') this.#schedule(e.at);
-      else if (e.type === 'notify') this.emit('notify', { account: e.account, latest_seq: e.latest_seq });
-      else if (e.type === 'end_device_sessions') this.emit('end_device_sessions', { account: e.account, device_id: e.device_id });
+      else if (e.type === 'notify') this.emit('notify', { account: e.account, latest_seq: e.latest_seq, frame: e.frame });
+      else if (e.type === 'close') this.emit('end_device_sessions', { account: e.account, device_id: e.device_id, code: e.code, reason: e.reason });
       else if (e.type === 'delivery_ended' && this.log.events) {
         this.log.event({ event: 'delivery_ended', message_id: e.message_id, from: e.from, to: e.to, status: e.status, error_code: e.error_code });
       }
@@ -208,8 +277,7 @@ export class Relay extends EventEmitter {
   }
 
   #schedule(at) {
-    if (at === -2) return this.#retrySoon();
-    if (this.closed || at < 0) return;
+    if (this.closed) return;
     if (this.timer && this.wakeAt <= at && this.wakeAt >= Date.now()) return;
     clearTimeout(this.timer);
     this.wakeAt = at;
@@ -226,18 +294,17 @@ export class Relay extends EventEmitter {
     for (const q of t.quarantined ?? []) {
       this.log.warn('tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it)', { entry: q.entry, code: q.code, error: q.message });
     }
-    this.#run(t.effects);
+    this.#run(t.events);
     if (t.error) {
       this.log.warn(`tick could not commit: ${t.error}; it runs again`);
       this.#retrySoon();
       return;
     }
     this.retryDelay = 0;
-    this.#schedule(this.core.nextWake());
   }
 
   /**
-   * A tick soon, after a failed commit or an unreadable next wake-up (storage busy): from
+   * A tick soon, after a failed tick or commit (storage busy): from
    * 100 ms, doubling to 10 s while failures last, so no timer is lost and none spins.
    */
   #retrySoon() {
@@ -250,7 +317,7 @@ export class Relay extends EventEmitter {
    * (fetch retries a 421 on its own, which would resend a signed request with a used nonce).
    * `not_sent` only when no connection was made; after that an error or timeout is `unknown`.
    */
-  exchange(method, url, headers, body) {
+  exchange(method, url, headers, body, timeout = this.responseTimeout) {
     let u;
     try {
       u = new URL(url);
@@ -274,7 +341,7 @@ export class Relay extends EventEmitter {
         resolve(r);
       };
       const lost = (why) => (connected ? { kind: 'unknown', why } : { kind: 'not_sent', why });
-      const all = { 'content-type': 'application/json', ...headers };
+      const all = { ...headers };
       if (body !== undefined) all['content-length'] = Buffer.byteLength(body);
       const options = { method, headers: all, agent: this.agents[u.protocol], ...(this.lookup ? { lookup: this.lookup } : {}) };
       const req = lib.request(u, options, (res) => {
@@ -285,13 +352,13 @@ export class Relay extends EventEmitter {
           if (size > MAX_ANSWER) req.destroy(new Error('answer too large'));
           else chunks.push(c);
         });
-        res.on('end', () => finish({ kind: 'answered', status: res.statusCode, body: Buffer.concat(chunks).toString('utf8') }));
+        res.on('end', () => finish({ kind: 'answered', status: res.statusCode, body: Buffer.concat(chunks) }));
         res.on('error', (e) => finish({ kind: 'unknown', why: String(e?.code ?? e) }));
       });
       const timer = setTimeout(() => {
         finish(lost('timeout'));
         req.destroy(new Error('timeout'));
-      }, this.responseTimeout);
+      }, timeout);
       req.on('socket', (sock) => {
         if (!sock.connecting) connected = true;
         else sock.once('connect', () => (connected = true));
@@ -304,31 +371,16 @@ export class Relay extends EventEmitter {
     });
   }
 
+  /** Carries a `send` event: POSTs its url, headers and body as they are, and reports what became of it. */
   async #attempt(e) {
     const p = (async () => {
       const started = performance.now();
-      const headers = this.core.signRequest(e.method, e.target, e.body, Date.now());
+      const r = await this.exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
       /** @type {import('./metrics.js').AttemptOutcome} */
-      let kind = 'not_attempted';
-      let body = '';
-      if (headers) {
-        const r = await this.exchange('POST', `${e.target}/relay/v1/${e.method}`, {
-          'Relay-Id': headers.relay_id,
-          'Relay-Timestamp': headers.timestamp,
-          'Relay-Nonce': headers.nonce,
-          'Relay-Signature': headers.signature,
-        }, e.body);
-        if (r.kind === 'answered') {
-          if (r.status === 200) [kind, body] = ['answered', r.body];
-          else if (r.status >= 300 && r.status < 400) [kind, body] = ['rejected', JSON.stringify({ error: { code: 'unavailable', message: 'the peer answered with a redirect' } })];
-          else [kind, body] = ['rejected', r.body];
-        } else {
-          kind = r.kind === 'not_sent' ? 'not_attempted' : 'unknown';
-        }
-      }
+      const kind = r.kind === 'answered' ? (r.status === 200 ? 'answered' : 'rejected') : r.kind === 'not_sent' ? 'not_attempted' : 'unknown';
       this.metrics.attemptBy[kind].observe((performance.now() - started) / 1000);
       if (this.closed) return;
-      this.#run(this.core.outcome(e.task, e.attempt, kind, body, Date.now()));
+      this.#run(this.core.fetched(e.task, e.attempt, statusOf(r), r.body ?? EMPTY, Date.now()));
     })();
     this.inflight.add(p);
     try {
@@ -336,36 +388,6 @@ export class Relay extends EventEmitter {
     } finally {
       this.inflight.delete(p);
     }
-  }
-
-  /**
-   * Authenticates an inbound relay request (headers by lowercase name). The core checks
-   * `to`, `method` and `ts` first (a request failing that fetches nothing); the source's key
-   * comes from the cache or a fetch within the limits of `KeyFetches` (at most one per
-   * claimed relay per 10 s, failures remembered 60 s, 8 in flight: beyond, 503).
-   * @returns {Promise<{ok: true, source: string} | {ok: false, reply: object}>}
-   */
-  async authenticateRelay(headers, method, body) {
-    const h = {
-      relay_id: headers['relay-id'] ?? '',
-      timestamp: headers['relay-timestamp'] ?? '',
-      nonce: headers['relay-nonce'] ?? '',
-      signature: headers['relay-signature'] ?? '',
-    };
-    const pre = this.core.checkRequest(h, method, body, Date.now());
-    if (!pre.ok) return pre;
-    let last = null;
-    for (const refresh of [false, true]) {
-      const got = await this.keyFetches.get(pre.value, refresh);
-      if (got.busy) {
-        return { ok: false, reply: { status: 503, body: { error: { code: 'unavailable', message: 'too many key fetches in flight; retry', data: { retry_after: 1000 } } } } };
-      }
-      if (!got.key) continue;
-      const r = this.core.authenticateRequest(h, method, body, Date.now(), got.key);
-      if (r.ok) return { ok: true, source: r.value };
-      last = r;
-    }
-    return last ?? { ok: false, reply: { status: 401, body: { error: { code: 'unauthenticated', message: "could not fetch the source relay's key" } } } };
   }
 
   /** This relay's `/.well-known/relay` document (JSON text). */
@@ -463,7 +485,7 @@ export async function createRelay(opts) {
   const metrics = new RelayMetrics();
   let core;
   try {
-    core = await Core.create(config, storage, new Uint8Array(seed), opts.crypto, { metrics, log });
+    core = await Core.create(config, storage, new Uint8Array(seed), opts.crypto, { metrics, log, operator: b64u(admin) });
   } catch (e) {
     // A store this relay must not open (written by a newer one): let go of it, and say why.
     if (owned) storage.close?.();

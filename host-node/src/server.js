@@ -14,25 +14,33 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import { WebSocketServer, WebSocket } from 'ws';
-import { Dispatch, errorBody } from './dispatch.js';
 import { Log, messageOf } from './log.js';
+import { busyAnswer, busyFrame, requestHeaders } from './core.js';
 import { CONTENT_TYPE, TransportMetrics } from './metrics.js';
 import { limitsOf } from './limits.js';
+
+/** The close code of a session that ended (the core's `transport::socket::SESSION_CLOSED`): the host closes with it at `expires_at`. */
+const SESSION_CLOSED = 4401;
 
 /** Frames read ahead of the one the core is answering, per WebSocket; past it the socket is paused. */
 const WS_READ_AHEAD = 8;
 
-/** The answer when the work waiting for the core is at `maxPending`. */
-const BUSY = { error: { code: 'unavailable', message: 'the relay is busy; retry', data: { retry_after: 1000 } } };
+const EMPTY = new Uint8Array(0);
 
+/** The error body of protocol.md §4, for what the host answers itself (the transport's own failures). */
+function errorBody(code, message) {
+  return { error: { code, message } };
+}
+
+/** Writes an answer as the core made it: status, headers and body as they are. @param {http.ServerResponse} res @param {{status: number, headers: Record<string, string>, body: Uint8Array}} a */
+function write(res, a) {
+  res.writeHead(a.status, { ...a.headers, 'content-length': a.body.length });
+  res.end(a.body);
+}
+
+/** An answer of the host's own (a transport failure). */
 function send(res, status, body) {
-  const text = typeof body === 'string' ? body : JSON.stringify(body);
-  const headers = { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) };
-  // A 429 or 503 says when to retry; its body may come as text from a relay thread.
-  const retry = status === 429 || status === 503 ? (typeof body === 'string' ? JSON.parse(body) : body)?.error?.data?.retry_after : undefined;
-  if (Number.isInteger(retry)) headers['retry-after'] = String(Math.max(1, Math.ceil(retry / 1000)));
-  res.writeHead(status, headers);
-  res.end(text);
+  write(res, { status, headers: { 'content-type': 'application/json' }, body: Buffer.from(JSON.stringify(body)) });
 }
 
 /**
@@ -155,19 +163,20 @@ function peerOf(a) {
   return a.startsWith('::ffff:') && a.includes('.') ? a.slice(7) : a;
 }
 
-/** The relay-authentication headers of protocol.md §6, the only ones a relay request needs. */
-function relayHeaders(h) {
-  return {
-    'relay-id': h['relay-id'],
-    'relay-timestamp': h['relay-timestamp'],
-    'relay-nonce': h['relay-nonce'],
-    'relay-signature': h['relay-signature'],
-  };
-}
-
-function bearer(req) {
-  const a = req.headers.authorization;
-  return a && a.startsWith('Bearer ') ? a.slice(7).trim() : null;
+/**
+ * A request read whole as the core takes it: only the headers it reads cross, as
+ * `name\nvalue\n` lines; the peer's address without the IPv4-mapped prefix.
+ * @param {http.IncomingMessage} req @param {URL} url @param {Uint8Array} body @param {boolean} admin @param {string[]} names
+ * @returns {import('./relay.js').Request}
+ */
+function requestOf(req, url, body, admin, names) {
+  let headers = '';
+  for (const n of names) {
+    const v = req.headers[n];
+    if (typeof v === 'string') headers += `${n}\n${v}\n`;
+  }
+  const a = req.socket.remoteAddress;
+  return { admin, method: req.method ?? '', path: url.pathname, query: url.search.slice(1), headers, body, origin: a ? peerOf(a) : null };
 }
 
 /** @param {http.ServerResponse} res @param {number} status @param {string} text @param {string} [type] */
@@ -216,7 +225,8 @@ function listen(server, at) {
  * @returns {Promise<{server: http.Server, port: number, admin: http.Server, adminUrl: string, url: string, close: () => Promise<void>}>}
  */
 export async function serve(relay, opts = {}) {
-  const front = typeof relay.request === 'function' ? relay : new Dispatch(relay);
+  const front = relay;
+  const names = requestHeaders();
   /** @type {Log} */
   const log = front.log ?? new Log();
   const carried = /** @type {Record<string, any>} */ (relay.serveOptions ?? {});
@@ -252,12 +262,11 @@ export async function serve(relay, opts = {}) {
       c.queued -= 1;
     });
   };
-  front.on('notify', ({ account, latest_seq }) => {
-    const frame = JSON.stringify({ method: 'message.timeline.changed', params: { account, latest_seq } });
+  front.on('notify', ({ account, frame }) => {
     for (const c of sockets.get(account) ?? []) push(c, frame);
   });
-  front.on('end_device_sessions', ({ account, device_id }) => {
-    for (const c of sockets.get(account) ?? []) if (c.device === device_id) c.ws.close(4401, 'device revoked');
+  front.on('end_device_sessions', ({ account, device_id, code, reason }) => {
+    for (const c of sockets.get(account) ?? []) if (c.device === device_id) c.ws.close(code, reason);
   });
 
   /** `/healthz` and `/readyz`, on both listeners; false when the request is neither. */
@@ -290,27 +299,28 @@ export async function serve(relay, opts = {}) {
     }
   };
 
+  /** Reads the body of a POST (others have none); null when it was refused. */
+  const bodyOf = async (req, res) => {
+    if (req.method !== 'POST') return EMPTY;
+    const body = await readBody(req, res, maxBytes, limits.bodyTimeout);
+    return body === null ? null : new Uint8Array(body.buffer, body.byteOffset, body.length);
+  };
+
   /** The public listener's requests. */
   const onRequest = async (req, res) => {
     try {
       const url = urlOf(req.url);
       if (!url) return send(res, 400, errorBody('invalid_params', 'unreadable request target'));
-      if (req.method === 'GET' && url.pathname === '/.well-known/relay') return send(res, 200, front.wellKnown);
       if (url.pathname === '/healthz' || url.pathname === '/readyz') {
         if (await health(req, res, url.pathname)) return undefined;
       }
-      // The admin API is not served here: only on the admin listener.
-      const m = /^\/(v1|relay\/v1)\/([a-z.]+)$/.exec(url.pathname);
-      if (req.method !== 'POST' || !m) return send(res, 404, errorBody('not_found', 'no such route'));
-      const body = await readBody(req, res, maxBytes, limits.bodyTimeout);
+      const body = await bodyOf(req, res);
       if (body === null) return undefined;
-      const text = body.toString('utf8');
-      if (!Buffer.from(text, 'utf8').equals(body)) return send(res, 400, errorBody('invalid_params', 'invalid JSON: invalid UTF-8'));
-      const [, space, method] = m;
-      // The peer's address as the socket reports it; the core reads IPv4-mapped IPv6 as IPv4.
-      const r = await work(() => front.request(space, method, bearer(req), space === 'relay/v1' ? relayHeaders(req.headers) : null, text, req.socket.remoteAddress ?? null));
-      if (r === null) return send(res, 503, BUSY);
-      return send(res, r.status, r.body);
+      const r = await work(() => front.handle(requestOf(req, url, body, false, names)));
+      if (r === null) return write(res, busyAnswer());
+      // `GET /v1/ws` without the upgrade: no such endpoint here.
+      if ('upgrade' in r) return send(res, 404, errorBody('not_found', 'no such endpoint'));
+      return write(res, r);
     } catch (e) {
       // The relay thread stopped with this request in it: its outcome is unknown, and a
       // dropped connection says so, as a crashed relay would.
@@ -329,17 +339,14 @@ export async function serve(relay, opts = {}) {
       if (!url) return send(res, 400, errorBody('invalid_params', 'unreadable request target'));
       if (await health(req, res, url.pathname)) return undefined;
       if (req.method === 'GET' && url.pathname === '/metrics') {
-        const text = (await front.metrics()) + (await metrics.text());
+        const text = (await (front.metricsText?.() ?? front.metrics())) + (await metrics.text());
         return sendText(res, 200, text, CONTENT_TYPE);
       }
-      const m = /^\/admin\/v1\/([a-z.]+)$/.exec(url.pathname);
-      if (req.method !== 'POST' || !m) return send(res, 404, errorBody('not_found', 'no such route'));
-      const body = await readBody(req, res, maxBytes, limits.bodyTimeout);
+      const body = await bodyOf(req, res);
       if (body === null) return undefined;
-      const text = body.toString('utf8');
-      if (!Buffer.from(text, 'utf8').equals(body)) return send(res, 400, errorBody('invalid_params', 'invalid JSON: invalid UTF-8'));
-      const r = await front.request('admin/v1', m[1], bearer(req), null, text, req.socket.remoteAddress ?? null);
-      return send(res, r.status, r.body);
+      const r = await front.handle(requestOf(req, url, body, true, names));
+      if ('upgrade' in r) return send(res, 404, errorBody('not_found', 'no such endpoint'));
+      return write(res, r);
     } catch (e) {
       if (e?.code === 'RELAY_THREAD_LOST') return res.destroy();
       log.error(`admin request failed: ${e?.stack ?? e}`);
@@ -417,9 +424,13 @@ export async function serve(relay, opts = {}) {
   const wss = new WebSocketServer({ noServer: true, maxPayload: maxBytes });
   wss.on('error', (e) => log.error(`websocket server: ${messageOf(e)}`));
 
-  /** A raw answer on a socket that asked to upgrade, then closed. */
-  const reject = (socket, status) => {
-    if (!socket.destroyed && socket.writable) socket.end(`HTTP/1.1 ${status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`);
+  /** A raw answer on a socket that asked to upgrade, then closed: the core's answer as it is, or a bare status. */
+  const reject = (socket, status, a = null) => {
+    if (!socket.destroyed && socket.writable) {
+      const head = Object.entries(a?.headers ?? {}).map(([k, v]) => `${k}: ${v}\r\n`).join('');
+      socket.write(`HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? ''}\r\n${head}Content-Length: ${a?.body.length ?? 0}\r\nConnection: close\r\n\r\n`);
+      socket.end(a?.body);
+    }
     socket.destroy();
   };
 
@@ -427,33 +438,27 @@ export async function serve(relay, opts = {}) {
     // node:http lets go of an upgrading socket: its errors are this handler's from here.
     socket.on('error', (e) => log.debug(`socket error during upgrade: ${messageOf(e)}`));
     const url = urlOf(req.url);
-    if (!url) return reject(socket, '400 Bad Request');
-    if (url.pathname !== '/v1/ws') return reject(socket, '404 Not Found');
-    const token = bearer(req) ?? url.searchParams.get('session');
-    let s = { ok: false };
-    if (token) {
-      const r = await work(async () => {
-        try {
-          return await front.session(token);
-        } catch (e) {
-          if (e?.code !== 'RELAY_THREAD_LOST') log.error(`session check failed: ${e?.stack ?? e}`);
-          return { ok: false };
-        }
-      });
-      if (r === null) return reject(socket, '503 Service Unavailable\r\nRetry-After: 1');
-      s = r;
-    }
-    if (!s.ok) return reject(socket, '401 Unauthorized');
+    if (!url) return reject(socket, 400);
+    const r = await work(async () => {
+      try {
+        return await front.handle(requestOf(req, url, EMPTY, false, names));
+      } catch (e) {
+        if (e?.code !== 'RELAY_THREAD_LOST') log.error(`upgrade failed: ${e?.stack ?? e}`);
+        return { status: 500, headers: {}, body: EMPTY };
+      }
+    });
+    const a = r ?? busyAnswer();
+    if (!('upgrade' in a)) return reject(socket, a.status, a);
     if (socket.destroyed) return undefined;
-    const origin = req.socket.remoteAddress ?? null;
+    const { token, account, device_id: device, expires_at: expires } = a.upgrade;
+    const origin = req.socket.remoteAddress ? peerOf(req.socket.remoteAddress) : null;
     wss.handleUpgrade(req, socket, head, (ws) => {
-      const { account, device_id: device, expires_at: expires } = s.info;
       /** @type {Conn} */
       const c = { device, ws, queued: 0, alive: true, waiting: 0 };
       metrics.websockets += 1;
       if (!sockets.has(account)) sockets.set(account, new Set());
       sockets.get(account).add(c);
-      const expiry = setTimeout(() => ws.close(4401, 'session expired'), Math.max(0, Math.min(expires - Date.now(), 2 ** 31 - 1)));
+      const expiry = setTimeout(() => ws.close(SESSION_CLOSED, 'session expired'), Math.max(0, Math.min(expires - Date.now(), 2 ** 31 - 1)));
       ws.on('error', (e) => log.debug(`websocket closed on a protocol error: ${messageOf(e)}`, { code: /** @type {any} */ (e).code }));
       const alive = () => {
         c.alive = true;
@@ -471,13 +476,13 @@ export async function serve(relay, opts = {}) {
         queue = queue.then(async () => {
           try {
             if (ws.readyState !== WebSocket.OPEN) return;
-            const r = await work(() => front.frame(token, text, origin));
+            const r = await work(() => front.message(token, text, origin));
             if (r === null) {
-              push(c, JSON.stringify({ id: frameId(text), ...BUSY }));
+              push(c, busyFrame(text));
               return;
             }
-            push(c, r.reply);
-            if (r.ended) ws.close(4401, 'session ended');
+            push(c, r.text);
+            if (r.close) ws.close(r.close[0], r.close[1]);
           } catch (e) {
             if (e?.code !== 'RELAY_THREAD_LOST') log.error(`frame failed: ${e?.stack ?? e}`);
             ws.close(1011, 'the relay failed');
@@ -567,14 +572,4 @@ export async function serve(relay, opts = {}) {
       }
     },
   };
-}
-
-/** The `id` of a frame, for an answer that does not reach the core (null when it cannot be read). @param {string} text */
-function frameId(text) {
-  try {
-    const id = JSON.parse(text)?.id;
-    return typeof id === 'string' || typeof id === 'number' ? id : null;
-  } catch {
-    return null;
-  }
 }

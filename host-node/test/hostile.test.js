@@ -319,7 +319,7 @@ test('key fetches for relay requests: one per claimed relay per interval, failur
       for (let i = 0; i < 5; i += 1) assert.equal((await relayRequest(r.url, 'route.get', unsignedRelayHeaders(spy.url), '{"account":"x"}')).status, 401);
       assert.equal(spy.counts.requests, 1, 'one fetch for 15 forged requests');
       const body = '{"account":"x"}';
-      const h = b.core.signRequest('route.get', r.id, body, Date.now());
+      const h = JSON.parse(b.core.inner.signRequest('route.get', r.id, body, Date.now()));
       const signed = await relayRequest(r.url, 'route.get', { 'relay-id': h.relay_id, 'relay-timestamp': h.timestamp, 'relay-nonce': h.nonce, 'relay-signature': h.signature }, body);
       assert.notEqual(signed.status, 401, JSON.stringify(signed.body));
       assert.equal(spy.counts.requests, 1, 'answered from the cached key');

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { refusedAddress, refusedUrl, vettedLookup, KeyFetches, REFUSED_CODE } from '../src/outbound.js';
+import { refusedAddress, refusedUrl, vettedLookup, REFUSED_CODE } from '../src/outbound.js';
 import { LIMITS, LIMIT_FLAGS, limitsOf } from '../src/limits.js';
 import { parseArgs, lastResort } from '../src/cli.js';
 import { createRelay, serve, Log } from '../src/index.js';
@@ -57,64 +57,8 @@ test('the vetted lookup resolves, and refuses a name whose every address is refu
   assert.deepEqual(list, [{ address: '8.8.8.8', family: 4 }]);
 });
 
-test('key fetches: shared while in flight, one per relay per interval, failures cached, a cap on fetches in flight', async () => {
-  let now = 1_000_000;
-  /** @type {Map<string, (v: string | null) => void>} */
-  const open = new Map();
-  let calls = 0;
-  const k = new KeyFetches(
-    (relay) => {
-      calls += 1;
-      return new Promise((resolve) => open.set(relay, resolve));
-    },
-    { now: () => now },
-  );
-  const settle = (relay, v) => {
-    open.get(relay)(v);
-    open.delete(relay);
-  };
-  // Concurrent asks for one relay share one fetch.
-  const p = [k.get('a'), k.get('a'), k.get('a')];
-  assert.equal(calls, 1);
-  settle('a', 'KEY-A');
-  for (const r of await Promise.all(p)) assert.deepEqual(r, { key: 'KEY-A' });
-  assert.deepEqual(await k.get('a'), { key: 'KEY-A' }, 'cached');
-  // A refresh inside the interval fetches nothing and gives no key; after it, one fetch.
-  assert.deepEqual(await k.get('a', true), { key: null });
-  assert.equal(calls, 1);
-  now += 10_001;
-  const r = k.get('a', true);
-  assert.equal(calls, 2);
-  settle('a', 'KEY-A2');
-  assert.deepEqual(await r, { key: 'KEY-A2' });
-  // A failure is remembered for 60 s.
-  const f = k.get('b');
-  settle('b', null);
-  assert.deepEqual(await f, { key: null });
-  now += 59_000;
-  assert.deepEqual(await k.get('b'), { key: null });
-  assert.equal(calls, 3);
-  now += 2_000;
-  const again = k.get('b');
-  assert.equal(calls, 4);
-  settle('b', 'KEY-B');
-  assert.deepEqual(await again, { key: 'KEY-B' });
-  // At most 8 in flight: the 9th relay is busy, at once.
-  const eight = Array.from({ length: 8 }, (_, i) => k.get(`r${i}`));
-  assert.deepEqual(await k.get('r8'), { key: null, busy: true });
-  for (let i = 0; i < 8; i += 1) settle(`r${i}`, null);
-  await Promise.all(eight);
-  const ninth = k.get('r8');
-  settle('r8', 'K');
-  assert.deepEqual(await ninth, { key: 'K' });
-  // A fetch that throws counts as a failure.
-  const thrower = new KeyFetches(async () => {
-    throw new Error('boom');
-  });
-  assert.deepEqual(await thrower.get('x'), { key: null });
-  assert.deepEqual(await thrower.get('x'), { key: null });
-  assert.equal(thrower.fetches, 1);
-});
+// The key-fetch limits (one per relay per interval, failures cached, a cap in flight) are the
+// core's (relay_core::transport::keys, tested there); hostile.test.js checks them over HTTP.
 
 test('the limits: defaults, flags, TOML keys and options', () => {
   assert.deepEqual({ ...LIMITS }, {

@@ -276,7 +276,7 @@ for (const mode of ['in-process', 'relay thread']) {
 test('/readyz answers 503 when the storage is closed, and a trap is counted and restarts the core', async () => {
   const a = await served('in-process');
   const alice = await account(a.url);
-  a.relay.core.inner.call = () => {
+  a.relay.core.inner.handle = () => {
     throw new WebAssembly.RuntimeError('unreachable');
   };
   const r = await post(`${a.url}/v1/message.send`, message(alice, alice, 'x'), alice.session);
