@@ -34,7 +34,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// Parses and verifies a route object found at `path`.
     pub(crate) fn verified_route(&mut self, raw: Object, path: &str) -> Result<Route, Error> {
         let r = Route::parse(raw).map_err(|e| e.within(path))?;
-        r.verify(&self.cfg.network)?;
+        r.verify_in(&self.cfg.network, self.crypto)?;
         Ok(r)
     }
 
@@ -195,7 +195,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// Parses and verifies a certificate for use at this (home) relay.
     fn home_certificate(&mut self, raw: Object, path: &str) -> Result<DeviceCertificate, Error> {
         let cert = DeviceCertificate::parse(raw).map_err(|e| e.within(path))?;
-        cert.verify(&self.cfg.network)?;
+        cert.verify_in(&self.cfg.network, self.crypto)?;
         cert.check_current(self.now, self.cfg.policies.clock_tolerance)?;
         Ok(cert)
     }
@@ -333,7 +333,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 "revocation is for another account",
             ));
         }
-        r.verify_signature(r.account.key())?;
+        r.verify_signature_in(r.account.key(), self.crypto)?;
         let device = r.device_id.as_str().to_string();
         let key = k::device(&s.account, &device);
         let mut rec: DeviceRec = match self.txn.get(&key)? {

@@ -6,6 +6,7 @@ use super::records::{AccountRec, DeviceRec, RouteRec};
 use super::storage::{Storage, StorageError};
 use super::txn::Txn;
 use super::{Caller, Config, Effect, Entropy};
+use crate::wire::crypto::Crypto;
 use crate::wire::json::{self, Object, Value};
 use crate::{Error, ErrorCode};
 
@@ -16,6 +17,8 @@ pub(crate) struct Ctx<'a, S: Storage, E: Entropy> {
     pub entropy: &'a mut E,
     /// In-memory request limits (by address, by account).
     pub limiter: &'a mut Limiter,
+    /// The engine's hashing and verification, with their memories.
+    pub crypto: &'a mut Crypto,
     /// The caller's network address as the limits key it ([`super::limits::origin_key`]).
     pub origin: Option<String>,
     pub now: u64,
@@ -34,6 +37,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
         store: &'a mut S,
         entropy: &'a mut E,
         limiter: &'a mut Limiter,
+        crypto: &'a mut Crypto,
         now: u64,
     ) -> Self {
         Ctx {
@@ -41,6 +45,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             txn: Txn::new(store),
             entropy,
             limiter,
+            crypto,
             origin: None,
             now,
             effects: Vec::new(),

@@ -225,7 +225,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             None => Incoming::parse(json::parse_object(t.body.as_bytes())?)?,
         };
         // The body is the canonical form of the params: its hash is their params hash.
-        let hash = super::receive::canonical_hash(t.body.as_bytes());
+        let hash = super::receive::canonical_hash(t.body.as_bytes(), self.crypto);
         let limits = self.take_sender_allowance(&inc).and_then(|()| {
             self.take_token(
                 "deliver_to",
@@ -403,7 +403,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     ) -> Result<Option<(String, u64)>, Error> {
         if let Some(Value::Object(o)) = candidate {
             if let Ok(r) = Route::parse(o.clone()) {
-                if r.verify(&self.cfg.network).is_ok() && r.account.as_str() == t.to {
+                if r.verify_in(&self.cfg.network, self.crypto).is_ok() && r.account.as_str() == t.to
+                {
                     // A conflicting same-revision route is simply not learned.
                     let _ = self.store_route(&r);
                 }

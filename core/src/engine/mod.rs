@@ -31,6 +31,7 @@ pub use effect::{Effect, Outcome, PeerMethod};
 pub use storage::{MemoryStore, Storage, StorageError};
 
 use crate::wire::canonical;
+use crate::wire::crypto::Crypto;
 use crate::wire::identity::RelayId;
 use crate::wire::json::{Object, Value};
 use crate::{Error, ErrorCode};
@@ -156,6 +157,7 @@ pub struct Engine<S: Storage, E: Entropy> {
     entropy: E,
     limiter: limits::Limiter,
     counters: metrics::Counters,
+    crypto: Crypto,
 }
 
 impl<S: Storage, E: Entropy> Engine<S, E> {
@@ -167,6 +169,7 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             entropy,
             limiter: limits::Limiter::default(),
             counters: metrics::Counters::default(),
+            crypto: Crypto::new(),
         }
     }
 
@@ -196,6 +199,21 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
                 Ok(())
             }
         }
+    }
+
+    /// Gives the engine the host's native hashing and verification (its memories start over).
+    pub fn set_crypto(&mut self, crypto: Crypto) {
+        self.crypto = crypto;
+    }
+
+    /// The engine's hashing and verification (the transport hashes and verifies with them).
+    pub fn crypto(&mut self) -> &mut Crypto {
+        &mut self.crypto
+    }
+
+    /// The configuration and the crypto together (both are needed to check a relay request).
+    pub fn config_and_crypto(&mut self) -> (&Config, &mut Crypto) {
+        (&self.config, &mut self.crypto)
     }
 
     /// The configuration.
@@ -324,7 +342,7 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         source_key: &[u8; 32],
         now: u64,
     ) -> Result<RelayId, Error> {
-        request.verify(source_key)?;
+        request.verify_in(source_key, &mut self.crypto)?;
         let source = request.source.clone();
         let r = self.run(now, |cx| {
             cx.consume_relay_nonce(request).map(|()| Value::Null)
@@ -397,6 +415,7 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             &mut self.store,
             &mut self.entropy,
             &mut self.limiter,
+            &mut self.crypto,
             now,
         );
         let result = op(&mut cx);

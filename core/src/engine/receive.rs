@@ -14,6 +14,7 @@ use crate::wire::authorization::{Authorization, AuthorizationError};
 use crate::wire::base64url;
 use crate::wire::canonical;
 use crate::wire::certificate::DeviceCertificate;
+use crate::wire::crypto::Crypto;
 use crate::wire::envelope::MessageEnvelope;
 use crate::wire::field::{FieldError, Fields};
 use crate::wire::json::{Object, Value};
@@ -24,7 +25,7 @@ use crate::{Error, ErrorCode};
 /// The logical request hash: base64url(sha256(JCS(params))), where the params are `p`
 /// with `envelope` as their `envelope` member (taken out of `p` when it was parsed, so it
 /// is not cloned); the envelope's canonical text, which acceptance needs anyway, is spliced in.
-pub(crate) fn params_hash(p: &Object, envelope: &MessageEnvelope) -> String {
+pub(crate) fn params_hash(p: &Object, envelope: &MessageEnvelope, crypto: &Crypto) -> String {
     let texts: Vec<(&str, String)> = p
         .iter()
         .filter(|(k, _)| *k != "envelope")
@@ -32,7 +33,10 @@ pub(crate) fn params_hash(p: &Object, envelope: &MessageEnvelope) -> String {
         .collect();
     let mut members: Vec<(&str, &str)> = texts.iter().map(|(k, v)| (*k, v.as_str())).collect();
     members.push(("envelope", envelope.canonical_text()));
-    canonical_hash(canonical::object_of_canonical(&mut members).as_bytes())
+    canonical_hash(
+        canonical::object_of_canonical(&mut members).as_bytes(),
+        crypto,
+    )
 }
 
 /// Takes the required `envelope` object out of `p` and parses it (so it is never cloned).
@@ -47,8 +51,8 @@ pub(crate) fn take_envelope(p: &mut Object) -> Result<MessageEnvelope, Error> {
 }
 
 /// The params hash of params whose canonical form is `jcs`.
-pub(crate) fn canonical_hash(jcs: &[u8]) -> String {
-    base64url::encode(&crate::wire::digest::sha256(jcs))
+pub(crate) fn canonical_hash(jcs: &[u8], crypto: &Crypto) -> String {
+    base64url::encode(&crypto.sha256(jcs))
 }
 
 /// message.deliver params, parsed to the depth needed for the logical key.
@@ -88,7 +92,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let peer = require_relay(caller)?.clone();
         let from = inc.envelope.from.as_str().to_string();
         let id = inc.envelope.message_id.clone();
-        let hash = params_hash(&inc.params, &inc.envelope);
+        let hash = params_hash(&inc.params, &inc.envelope, self.crypto);
         if let Some(r) = self.txn.get::<RecvRec>(&k::received(&from, &id))? {
             if r.hash != hash {
                 return Err(state_conflict());
@@ -160,8 +164,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 (&parsed, parsed.canonical_string().into())
             }
         };
-        cert.verify(&self.cfg.network)?;
-        env.verify_with(cert)?;
+        cert.verify_in(&self.cfg.network, self.crypto)?;
+        env.verify_with_in(cert, self.crypto)?;
         cert.check_valid_at(env.created_at, tol)?;
         // Rule 3: this relay's clock tolerance and delivery age limit.
         self.check_created_at(env.created_at)?;
@@ -240,12 +244,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         a: &Authorization,
         env: &MessageEnvelope,
     ) -> Result<(), Error> {
-        a.verify(
+        a.verify_in(
             &self.cfg.network,
             &env.from,
             &env.to,
             self.now,
             self.cfg.policies.clock_tolerance,
+            self.crypto,
         )?;
         let to = env.to.as_str();
         if self.txn.get_raw(&k::contact_revoked(to, a.id()))?.is_some() {
@@ -299,13 +304,14 @@ mod tests {
             canonical::to_string(&Value::Object(env))
         );
         let p = parse_object(text.as_bytes()).expect("params");
-        let want = canonical_hash(&canonical::object_to_vec(&p));
+        let c = Crypto::new();
+        let want = canonical_hash(&canonical::object_to_vec(&p), &c);
         let mut rest = p.clone();
         let e = take_envelope(&mut rest).expect("envelope parses");
         assert!(!rest.contains("envelope"));
-        assert_eq!(params_hash(&rest, &e), want);
+        assert_eq!(params_hash(&rest, &e, &c), want);
         assert_eq!(
-            params_hash(&p, &e),
+            params_hash(&p, &e, &c),
             want,
             "a present envelope member is the same one"
         );

@@ -55,7 +55,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let from = env.from.as_str().to_string();
         let to = env.to.as_str().to_string();
         let id = env.message_id.clone();
-        let hash = params_hash(&p, &env);
+        let hash = params_hash(&p, &env, self.crypto);
         if let Some(r) = self.txn.get::<SendRec>(&k::sent(&from, &id))? {
             if r.hash != hash {
                 return Err(state_conflict());
@@ -88,7 +88,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             return Err(FieldError::invalid("envelope.network", "is another network").into());
         }
         let cert = DeviceCertificate::parse(json::parse_object(s.device.cert.as_bytes())?)?;
-        env.verify_with(&cert)?;
+        env.verify_with_in(&cert, self.crypto)?;
         self.check_created_at(env.created_at)?;
         let max_boxes = self.cfg.policies.max_boxes as usize;
         let recipient_boxes = parse_boxes(
@@ -105,12 +105,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .map(|o| Authorization::parse(o.clone()).map_err(|e| e.within("authorization")))
             .transpose()?;
         if let Some(a) = &auth {
-            a.verify(
+            a.verify_in(
                 &self.cfg.network,
                 &env.from,
                 &env.to,
                 self.now,
                 self.cfg.policies.clock_tolerance,
+                self.crypto,
             )?;
         }
         let self_delivery = from == to;

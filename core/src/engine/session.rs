@@ -74,7 +74,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             crate::wire::json::parse_object(device.cert.as_bytes())?,
         )?
         .device_key;
-        s.verify_signature(&key)?;
+        s.verify_signature_in(&key, self.crypto)?;
         // Counted only once signed by the device: a stranger cannot spend the account's share.
         let rate = self.cfg.policies.account_request_rate;
         self.limiter.take("account", &account, rate, self.now)?;

@@ -264,8 +264,8 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             ));
         };
         // to, method and ts first; only then the source's key.
-        let c = self.engine.config();
-        let checked = relay_request::precheck(
+        let (c, crypto) = self.engine.config_and_crypto();
+        let checked = relay_request::precheck_with(
             &headers,
             &c.network,
             &c.relay,
@@ -273,6 +273,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             &req.body,
             now,
             c.policies.clock_tolerance,
+            |b| crypto.sha256(b),
         );
         let checked = match checked {
             Ok(p) => p,
@@ -460,9 +461,10 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                 } => {
                     let mut nonce = [0u8; 16];
                     self.engine.random(&mut nonce);
-                    let c = self.engine.config();
+                    let (c, crypto) = self.engine.config_and_crypto();
+                    let hash = crypto.sha256(&body);
                     let h = outbound::sign(
-                        &self.key, &c.network, &c.relay, &target, method, &body, now, &nonce,
+                        &self.key, &c.network, &c.relay, &target, method, &hash, now, &nonce,
                     );
                     let timeout_ms = (c.attempt_timeout * 2 / 3).clamp(1, MAX_EXCHANGE_MS);
                     Event::Send(PeerRequest {

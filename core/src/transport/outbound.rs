@@ -80,11 +80,20 @@ pub fn sign(
     me: &RelayId,
     target: &RelayId,
     method: PeerMethod,
-    body: &[u8],
+    body_sha256: &[u8; 32],
     now: u64,
     nonce: &[u8; 16],
 ) -> RelayHeaders {
-    relay_request::sign_with(key, network, method.as_str(), me, target, now, nonce, body)
+    relay_request::sign_with(
+        key,
+        network,
+        method.as_str(),
+        me,
+        target,
+        now,
+        nonce,
+        body_sha256,
+    )
 }
 
 #[cfg(test)]

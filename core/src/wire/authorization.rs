@@ -3,6 +3,7 @@
 //! Stateless checks live here (signature, network, binding, validity
 //! window); revocation and use counts are the engine's state.
 
+use super::crypto::Crypto;
 use super::field::{FieldError, Fields};
 use super::identity::AccountId;
 use super::json::Object;
@@ -192,7 +193,8 @@ impl Authorization {
         }
     }
 
-    /// Stateless checks for a delivery from `from` to `to` at time `now`.
+    /// Stateless checks for a delivery from `from` to `to` at time `now` (by the core
+    /// itself: clients and tests).
     pub fn verify(
         &self,
         network: &str,
@@ -200,6 +202,19 @@ impl Authorization {
         to: &AccountId,
         now: u64,
         tolerance: u64,
+    ) -> Result<(), AuthorizationError> {
+        self.verify_in(network, from, to, now, tolerance, &mut Crypto::new())
+    }
+
+    /// [`Authorization::verify`] with an engine's crypto.
+    pub fn verify_in(
+        &self,
+        network: &str,
+        from: &AccountId,
+        to: &AccountId,
+        now: u64,
+        tolerance: u64,
+        crypto: &mut Crypto,
     ) -> Result<(), AuthorizationError> {
         let (net, issued_at, expires_at, route) = match self {
             Authorization::Grant(g) => (&g.network, g.issued_at, g.expires_at, &g.route),
@@ -217,12 +232,12 @@ impl Authorization {
             }
         }
         let sig = match self {
-            Authorization::Grant(g) => g.verify_signature(g.grantor.key()),
-            Authorization::Invite(i) => i.verify_signature(i.issuer.key()),
+            Authorization::Grant(g) => g.verify_signature_in(g.grantor.key(), crypto),
+            Authorization::Invite(i) => i.verify_signature_in(i.issuer.key(), crypto),
         };
         sig.map_err(AuthorizationError::Signature)?;
         if let Some(r) = route {
-            if &r.account != self.issuer() || r.verify(network).is_err() {
+            if &r.account != self.issuer() || r.verify_in(network, crypto).is_err() {
                 return Err(AuthorizationError::Route);
             }
         }

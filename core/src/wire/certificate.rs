@@ -1,5 +1,6 @@
 //! `device_certificate`: an account's statement that a device key acts for it.
 
+use super::crypto::Crypto;
 use super::field::{FieldError, Fields};
 use super::identity::{AccountId, DeviceId};
 use super::json::Object;
@@ -129,8 +130,14 @@ impl DeviceCertificate {
         Ok(cert)
     }
 
-    /// Network, the account's signature, identity binding: checks valid anywhere, any time.
+    /// Network, the account's signature, identity binding: checks valid anywhere, any time
+    /// (by the core itself: clients and tests).
     pub fn verify(&self, network: &str) -> Result<(), CertificateError> {
+        self.verify_in(network, &mut Crypto::new())
+    }
+
+    /// [`DeviceCertificate::verify`] with an engine's crypto.
+    pub fn verify_in(&self, network: &str, crypto: &mut Crypto) -> Result<(), CertificateError> {
         if self.network != network {
             return Err(CertificateError::WrongNetwork);
         }
@@ -140,7 +147,7 @@ impl DeviceCertificate {
         if DeviceId::derive(&self.device_key) != self.device_id {
             return Err(CertificateError::Binding);
         }
-        self.verify_signature(self.account.key())
+        self.verify_signature_in(self.account.key(), crypto)
             .map_err(CertificateError::Signature)
     }
 

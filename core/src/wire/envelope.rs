@@ -1,10 +1,11 @@
 //! `message_envelope`: the immutable, device-signed message.
 
 use super::certificate::DeviceCertificate;
+use super::crypto::Crypto;
 use super::field::{FieldError, Fields};
 use super::identity::{AccountId, DeviceId};
 use super::json::Object;
-use super::signature::{self, SignatureError, SignedObject};
+use super::signature::{SignatureError, SignedObject};
 use std::cell::{Cell, OnceCell};
 
 /// A parsed `message_envelope`.
@@ -94,8 +95,18 @@ impl MessageEnvelope {
             .get_or_init(|| super::canonical::object_to_string(&self.raw))
     }
 
-    /// Checks the certificate names this envelope's sender and verifies the device signature.
+    /// Checks the certificate names this envelope's sender and verifies the device signature
+    /// (by the core itself: clients and tests).
     pub fn verify_with(&self, cert: &DeviceCertificate) -> Result<(), EnvelopeError> {
+        self.verify_with_in(cert, &mut Crypto::new())
+    }
+
+    /// [`MessageEnvelope::verify_with`] with an engine's crypto.
+    pub fn verify_with_in(
+        &self,
+        cert: &DeviceCertificate,
+        crypto: &mut Crypto,
+    ) -> Result<(), EnvelopeError> {
         if cert.account != self.from || cert.device_id != self.from_device_id {
             return Err(EnvelopeError::CertificateMismatch);
         }
@@ -105,7 +116,8 @@ impl MessageEnvelope {
         // Not through the memory of verified signatures: an envelope is
         // verified once per acceptance (a repeated delivery is answered from
         // its receipt first), so remembering it would only cost a hash.
-        signature::verify_fresh(&cert.device_key, &self.signing_input(), &self.sig)
+        crypto
+            .verify_fresh(&cert.device_key, &self.signing_input(), &self.sig)
             .map_err(EnvelopeError::Signature)?;
         self.verified_under.set(Some(cert.device_key));
         Ok(())

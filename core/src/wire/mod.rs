@@ -4,6 +4,7 @@ pub mod authorization;
 pub mod base64url;
 pub mod canonical;
 pub mod certificate;
+pub mod crypto;
 pub mod digest;
 pub mod envelope;
 pub mod field;

@@ -5,6 +5,7 @@
 //! Both sides live here so that every host makes and checks the same bytes.
 
 use super::base64url;
+use super::crypto::Crypto;
 use super::field::Fields;
 use super::identity::RelayId;
 use super::json::{Object, Value};
@@ -45,7 +46,7 @@ pub fn signed_object(
     to: &str,
     ts: u64,
     nonce: &str,
-    body: &[u8],
+    body_sha256: &[u8; 32],
 ) -> Object {
     let mut o = Object::new();
     o.insert("type", "relay_request");
@@ -55,10 +56,7 @@ pub fn signed_object(
     o.insert("to", to);
     o.insert("ts", ts);
     o.insert("nonce", nonce);
-    o.insert(
-        "body_sha256",
-        base64url::encode(&super::digest::sha256(body)),
-    );
+    o.insert("body_sha256", base64url::encode(body_sha256));
     o
 }
 
@@ -82,11 +80,11 @@ pub fn sign(
         to,
         ts,
         nonce,
-        body,
+        &super::digest::sha256(body),
     )
 }
 
-/// [`sign`] with a key already expanded (a relay signs every outbound request with it).
+/// [`sign`] with a key already expanded and the body's SHA-256 already computed (a relay signs every outbound request with it).
 #[allow(clippy::too_many_arguments)]
 pub fn sign_with(
     key: &SigningKey,
@@ -96,7 +94,7 @@ pub fn sign_with(
     to: &RelayId,
     ts: u64,
     nonce: &[u8; 16],
-    body: &[u8],
+    body_sha256: &[u8; 32],
 ) -> RelayHeaders {
     let nonce = base64url::encode(nonce);
     let o = signed_object(
@@ -106,7 +104,7 @@ pub fn sign_with(
         to.as_str(),
         ts,
         &nonce,
-        body,
+        body_sha256,
     );
     let sig = key.sign(&signing_input("relay_request", &o));
     RelayHeaders {
@@ -142,7 +140,7 @@ fn unauthenticated(why: &str) -> Error {
     )
 }
 
-/// Checks `to`, `method` and `ts` before anything else (no key needed yet).
+/// Checks the headers, `method` and `ts` before anything else (no key needed yet).
 pub fn precheck(
     headers: &RelayHeaders,
     network: &str,
@@ -151,6 +149,24 @@ pub fn precheck(
     body: &[u8],
     now: u64,
     tolerance: u64,
+) -> Result<Prechecked, Error> {
+    precheck_with(headers, network, me, method, body, now, tolerance, |b| {
+        super::digest::sha256(b)
+    })
+}
+
+/// [`precheck`], hashing the body with `sha256` (an engine's, which may be the host's) only
+/// once the cheap checks passed.
+#[allow(clippy::too_many_arguments)]
+pub fn precheck_with(
+    headers: &RelayHeaders,
+    network: &str,
+    me: &RelayId,
+    method: &str,
+    body: &[u8],
+    now: u64,
+    tolerance: u64,
+    sha256: impl FnOnce(&[u8]) -> [u8; 32],
 ) -> Result<Prechecked, Error> {
     let source = RelayId::parse(&headers.relay_id)
         .map_err(|e| unauthenticated(&format!("Relay-Id: {e}")))?;
@@ -188,7 +204,7 @@ pub fn precheck(
         me.as_str(),
         ts,
         &headers.nonce,
-        body,
+        &sha256(body),
     );
     Ok(Prechecked {
         source,
@@ -200,9 +216,16 @@ pub fn precheck(
 }
 
 impl Prechecked {
-    /// Verifies the signature under the source's published key.
+    /// Verifies the signature under the source's published key (by the core itself).
     pub fn verify(&self, source_key: &[u8; 32]) -> Result<(), Error> {
         verify_strict(source_key, &self.input, &self.sig)
+            .map_err(|_| unauthenticated("bad signature"))
+    }
+
+    /// [`Prechecked::verify`] with an engine's crypto (no memory: a nonce is used once).
+    pub fn verify_in(&self, source_key: &[u8; 32], crypto: &mut Crypto) -> Result<(), Error> {
+        crypto
+            .verify_fresh(source_key, &self.input, &self.sig)
             .map_err(|_| unauthenticated("bad signature"))
     }
 }

@@ -1,5 +1,6 @@
 //! `route`: an account's signed statement of which relay is its home.
 
+use super::crypto::Crypto;
 use super::field::{FieldError, Fields};
 use super::identity::{AccountId, RelayId};
 use super::json::Object;
@@ -74,15 +75,20 @@ impl Route {
         })
     }
 
-    /// Network, relay scheme and the account's signature.
+    /// Network, relay scheme and the account's signature (by the core itself: clients and tests).
     pub fn verify(&self, network: &str) -> Result<(), RouteError> {
+        self.verify_in(network, &mut Crypto::new())
+    }
+
+    /// [`Route::verify`] with an engine's crypto.
+    pub fn verify_in(&self, network: &str, crypto: &mut Crypto) -> Result<(), RouteError> {
         if self.network != network {
             return Err(RouteError::WrongNetwork);
         }
         if !self.relay.allowed_on(network) {
             return Err(RouteError::RelayNotAllowed);
         }
-        self.verify_signature(self.account.key())
+        self.verify_signature_in(self.account.key(), crypto)
             .map_err(RouteError::Signature)
     }
 }

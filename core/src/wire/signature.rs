@@ -6,6 +6,7 @@
 //! rejected, so a signature has one valid form and keys cannot be weak.
 
 use super::canonical;
+use super::crypto::Crypto;
 use super::field::{FieldError, Fields};
 use super::json::Object;
 use ed25519_dalek::{Signature, VerifyingKey};
@@ -55,71 +56,20 @@ pub fn signing_input(type_: &str, object: &Object) -> Vec<u8> {
 /// It must give ed25519-dalek `verify_strict`'s verdict exactly (the vectors test both paths).
 pub type Verifier = fn(&[u8; 32], &[u8], &[u8; 64]) -> Option<Result<(), SignatureError>>;
 
-thread_local! {
-    static VERIFIER: std::cell::Cell<Option<Verifier>> = const { std::cell::Cell::new(None) };
-}
-
-/// Installs (or, with `None`, removes) the host's verifier for this thread.
-pub fn set_verifier(v: Option<Verifier>) {
-    VERIFIER.with(|c| c.set(v));
-}
-
-/// Strict Ed25519 verification of `sig` over `msg` under `key`.
-///
-/// A success seen before is answered from [`super::verified`]; otherwise the
-/// host's verifier runs if one is installed, else the core's own.
+/// Strict Ed25519 verification of `sig` over `msg` under `key`, by the core itself, with no
+/// memory (clients and tests; an engine verifies through its [`super::crypto::Crypto`]).
 pub fn verify_strict(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Result<(), SignatureError> {
-    let k = super::verified::key(key, msg, sig);
-    if super::verified::contains(&k) {
-        return Ok(());
-    }
-    let verdict = verify_fresh(key, msg, sig);
-    if verdict.is_ok() {
-        super::verified::insert(k);
-    }
-    verdict
-}
-
-/// Strict Ed25519 verification without the memory: the host's verifier if installed, else the core's own.
-pub fn verify_fresh(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Result<(), SignatureError> {
-    VERIFIER
-        .with(|c| c.get())
-        .and_then(|host| host(key, msg, sig))
-        .unwrap_or_else(|| verify_own(key, msg, sig))
-}
-
-/// Decoded keys held at most (about 200 bytes each); when full, the memory starts over.
-pub const DECODED_KEYS: usize = 1024;
-
-thread_local! {
-    // A sender's device key signs every message it sends: decoding it (a square root in
-    // the field) is about 7% of a verification in wasm, so it is done once per key.
-    static DECODED: std::cell::RefCell<std::collections::HashMap<[u8; 32], VerifyingKey>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
-}
-
-/// `key` decoded, from the memory of decoded keys when it is there; invalid keys are not kept.
-fn decoded(key: &[u8; 32]) -> Result<VerifyingKey, SignatureError> {
-    if let Some(vk) = DECODED.with(|d| d.borrow().get(key).copied()) {
-        return Ok(vk);
-    }
-    let vk = VerifyingKey::from_bytes(key).map_err(|_| SignatureError::InvalidKey)?;
-    DECODED.with(|d| {
-        let mut d = d.borrow_mut();
-        if d.len() >= DECODED_KEYS {
-            d.clear();
-        }
-        d.insert(*key, vk);
-    });
-    Ok(vk)
+    verify_own(key, msg, sig)
 }
 
 /// The core's own strict verification (ed25519-dalek `verify_strict`), without the host.
-///
-/// Only the decoding of the key is remembered (a pure function of its bytes); the
-/// signature itself is checked on every call.
 pub fn verify_own(key: &[u8; 32], msg: &[u8], sig: &[u8; 64]) -> Result<(), SignatureError> {
-    let vk = decoded(key)?;
+    let vk = VerifyingKey::from_bytes(key).map_err(|_| SignatureError::InvalidKey)?;
+    verify_decoded(&vk, msg, sig)
+}
+
+/// [`verify_own`] with the key already decoded.
+pub fn verify_decoded(vk: &VerifyingKey, msg: &[u8], sig: &[u8; 64]) -> Result<(), SignatureError> {
     let sig = Signature::from_bytes(sig);
     vk.verify_strict(msg, &sig)
         .map_err(|_| SignatureError::Mismatch)
@@ -168,11 +118,6 @@ pub mod code {
     }
 }
 
-/// Keys in the memory of decoded keys (for tests of its bound).
-pub fn decoded_keys() -> usize {
-    DECODED.with(|d| d.borrow().len())
-}
-
 /// A protocol object signed by the signing rule.
 pub trait SignedObject {
     /// The object's `type` member.
@@ -189,9 +134,18 @@ pub trait SignedObject {
         signing_input(Self::TYPE, self.raw())
     }
 
-    /// Verifies the signature under `key`.
+    /// Verifies the signature under `key`, by the core itself (clients and tests).
     fn verify_signature(&self, key: &[u8; 32]) -> Result<(), SignatureError> {
         verify_strict(key, &self.signing_input(), self.sig())
+    }
+
+    /// Verifies the signature under `key` with an engine's crypto (host verifier, memories).
+    fn verify_signature_in(
+        &self,
+        key: &[u8; 32],
+        crypto: &mut Crypto,
+    ) -> Result<(), SignatureError> {
+        crypto.verify(key, &self.signing_input(), self.sig())
     }
 
     /// The object's canonical form.
@@ -215,7 +169,6 @@ impl<'a> Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ed25519_dalek::{Signer, SigningKey};
 
     #[test]
     fn verdict_codes_round_trip_and_anything_else_declines() {
@@ -232,39 +185,5 @@ mod tests {
         }
         assert_eq!(verify_own_slices(&[0u8; 31], b"", &[0u8; 64]), None);
         assert_eq!(verify_own_slices(&[0u8; 32], b"", &[0u8; 65]), None);
-    }
-
-    #[test]
-    fn decoded_keys_stay_bounded_and_invalid_keys_are_never_kept() {
-        let msg = b"relay-v1:test\n{}";
-        for i in 0..(DECODED_KEYS + 10) as u32 {
-            let mut seed = [0u8; 32];
-            seed[..4].copy_from_slice(&i.to_le_bytes());
-            let sk = SigningKey::from_bytes(&seed);
-            let key = sk.verifying_key().to_bytes();
-            let sig = sk.sign(msg).to_bytes();
-            assert_eq!(verify_own(&key, msg, &sig), Ok(()));
-            let mut bad = sig;
-            bad[0] ^= 1;
-            // A remembered key still checks every signature.
-            assert_eq!(verify_own(&key, msg, &bad), Err(SignatureError::Mismatch));
-            assert!(decoded_keys() <= DECODED_KEYS);
-        }
-        let invalid = (2u8..=255)
-            .map(|y| {
-                let mut k = [0u8; 32];
-                k[0] = y;
-                k
-            })
-            .find(|k| VerifyingKey::from_bytes(k).is_err())
-            .expect("some small y is not on the curve");
-        let before = decoded_keys();
-        for _ in 0..2 {
-            assert_eq!(
-                verify_own(&invalid, msg, &[0u8; 64]),
-                Err(SignatureError::InvalidKey)
-            );
-        }
-        assert_eq!(decoded_keys(), before, "an invalid key is not remembered");
     }
 }
