@@ -86,7 +86,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// route; another's is deleted once unused for `message_retention` (an old home keeps
     /// answering `not_home_relay` with it at least that long), else checked again later.
     pub(crate) fn expire_route(&mut self, key: &[u8]) -> Result<(), Error> {
-        let account = String::from_utf8_lossy(&key[k::route("").len()..]).into_owned();
+        let Some(account) = k::route_account(key).map(str::to_string) else {
+            return Ok(());
+        };
         if self.txn.get_raw(&k::account(&account))?.is_some() {
             return Ok(());
         }
@@ -368,7 +370,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .txn
             .scan(&prefix, &k::prefix_end(&prefix), usize::MAX)?
         {
-            let id = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            let Some(id) = k::device_of(&key, account).map(str::to_string) else {
+                continue;
+            };
             if let Some(d) = self.valid_device(account, &id)? {
                 devices.push(json::parse(d.cert.as_bytes())?);
             } else if self.txn.get::<DeviceRec>(&key)?.is_some_and(|d| d.revoked) {

@@ -36,8 +36,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .txn
             .scan(&prefix, &k::prefix_end(&prefix), MAX_LISTED)?
         {
-            let text = String::from_utf8_lossy(&key["dest/".len()..]).into_owned();
-            let Some((dest, id)) = text.split_once('\n') else {
+            let Some((dest, id)) = k::by_destination_parts(&key) else {
                 continue;
             };
             let Some(bytes) = self.txn.get_raw(&k::task(id))? else {

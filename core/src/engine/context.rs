@@ -218,7 +218,7 @@ pub(crate) fn pending_by_destination<S: Storage>(
     store: &mut S,
 ) -> Result<Vec<super::metrics::Pending>, StorageError> {
     use super::metrics::{Pending, TOP_DESTINATIONS};
-    let prefix = k::destination("");
+    let prefix = k::all_peers();
     let mut all: Vec<Pending> = Vec::new();
     // Peers are the relays this one delivers to; the walk is bounded all the same.
     for (key, v) in store.scan(&prefix, &k::prefix_end(&prefix), 100_000)? {
@@ -229,7 +229,7 @@ pub(crate) fn pending_by_destination<S: Storage>(
             continue;
         }
         all.push(Pending {
-            destination: String::from_utf8_lossy(&key[prefix.len()..]).into_owned(),
+            destination: k::destination_relay(&key).unwrap_or_default().to_string(),
             pending: p.pending,
             in_flight: p.in_flight as u64,
         });

@@ -652,7 +652,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let more = rows.len() > batch;
         for (key, _) in rows.into_iter().take(batch) {
             self.txn.delete(key.clone());
-            let id = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            let Some(id) = k::outage_task(&key, relay).map(str::to_string) else {
+                continue;
+            };
             if let Some(mut t) = self.task_or_skip(&id)? {
                 let at = self.now.max(t.not_before).min(t.deadline);
                 if t.state == TaskState::Waiting && t.outage {
@@ -681,10 +683,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .scan(&k::gc_prefix(), &k::gc_until(self.now), self.cfg.tick_batch)?;
         let route_prefix = k::route("");
         for (key, _) in gc {
-            let prefix_len = "gc/".len() + 20 + 1;
-            let target = key[prefix_len..].to_vec();
+            let target = k::gc_target(&key).map(<[u8]>::to_vec);
             self.txn.delete(key);
             self.rescheduled = true;
+            let Some(target) = target else {
+                continue;
+            };
             if target.starts_with(&route_prefix) {
                 self.expire_route(&target)?;
             } else {
@@ -698,10 +702,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         )?;
         for (key, _) in revive {
             self.tick_entry = Some(key.clone());
-            let relay = String::from_utf8_lossy(&key[k::revive_prefix().len() + 21..]).into_owned();
+            let relay = k::revive_relay(&key).map(str::to_string);
             self.txn.delete(key);
             self.rescheduled = true;
-            self.revive_step(&relay)?;
+            if let Some(relay) = relay {
+                self.revive_step(&relay)?;
+            }
         }
         let due = self.txn.scan(
             &k::due_prefix(),

@@ -25,6 +25,21 @@ fn key(parts: &[&[u8]]) -> Vec<u8> {
     k
 }
 
+/// The text after `prefix`, when `key` starts with it and the rest is UTF-8.
+fn rest<'k>(key: &'k [u8], prefix: &[u8]) -> Option<&'k str> {
+    std::str::from_utf8(key.strip_prefix(prefix)?).ok()
+}
+
+/// The text after a fixed-width time component (`{prefix}{20 digits}/`).
+fn after_time<'k>(key: &'k [u8], prefix: &[u8]) -> Option<&'k str> {
+    let r = key.strip_prefix(prefix)?;
+    let (digits, r) = r.split_at_checked(20)?;
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(r.strip_prefix(b"/")?).ok()
+}
+
 /// Parses a padded number from the end of a key.
 pub(crate) fn tail_number(key: &[u8]) -> Option<u64> {
     let s = std::str::from_utf8(key).ok()?;
@@ -55,12 +70,20 @@ pub(crate) fn account(account: &str) -> Vec<u8> {
     key(&[b"acct/", account.as_bytes()])
 }
 /// The highest route held for any account.
+/// The account of a [`route`] key.
+pub(crate) fn route_account(key: &[u8]) -> Option<&str> {
+    rest(key, b"route/")
+}
 pub(crate) fn route(account: &str) -> Vec<u8> {
     key(&[b"route/", account.as_bytes()])
 }
 /// A registered or revoked device.
 pub(crate) fn device(account: &str, device: &str) -> Vec<u8> {
     key(&[b"dev/", account.as_bytes(), b"/", device.as_bytes()])
+}
+/// The device of a [`device`] key of `account`.
+pub(crate) fn device_of<'k>(key: &'k [u8], account: &str) -> Option<&'k str> {
+    rest(key, &devices(account))
 }
 pub(crate) fn devices(account: &str) -> Vec<u8> {
     key(&[b"dev/", account.as_bytes(), b"/"])
@@ -113,6 +136,10 @@ pub(crate) fn due_until(at: u64) -> Vec<u8> {
 pub(crate) fn by_destination(relay: &str, task: &str) -> Vec<u8> {
     key(&[b"dest/", relay.as_bytes(), b"\n", task.as_bytes()])
 }
+/// The destination and task of a [`by_destination`] key.
+pub(crate) fn by_destination_parts(key: &[u8]) -> Option<(&str, &str)> {
+    rest(key, b"dest/")?.split_once('\n')
+}
 pub(crate) fn destination_tasks(relay: &str) -> Vec<u8> {
     key(&[b"dest/", relay.as_bytes(), b"\n"])
 }
@@ -138,12 +165,20 @@ pub(crate) fn parked_at(relay: &str) -> Vec<u8> {
 pub(crate) fn outage(relay: &str, task: &str) -> Vec<u8> {
     key(&[b"outage/", relay.as_bytes(), b"\n", task.as_bytes()])
 }
+/// The task of an [`outage`] key of `relay`.
+pub(crate) fn outage_task<'k>(key: &'k [u8], relay: &str) -> Option<&'k str> {
+    rest(key, &outages_at(relay))
+}
 pub(crate) fn outages_at(relay: &str) -> Vec<u8> {
     key(&[b"outage/", relay.as_bytes(), b"\n"])
 }
 /// The next step of bringing a destination's outage tasks forward, at `at`.
 pub(crate) fn revive(at: u64, relay: &str) -> Vec<u8> {
     key(&[b"revive/", &pad(at), b"/", relay.as_bytes()])
+}
+/// The relay of a [`revive`] key.
+pub(crate) fn revive_relay(key: &[u8]) -> Option<&str> {
+    after_time(key, b"revive/")
 }
 pub(crate) fn revive_prefix() -> Vec<u8> {
     b"revive/".to_vec()
@@ -162,9 +197,26 @@ pub(crate) fn quarantine_prefix() -> Vec<u8> {
 pub(crate) fn destination(relay: &str) -> Vec<u8> {
     key(&[b"peer/", relay.as_bytes()])
 }
+/// The relay of a [`destination`] key.
+pub(crate) fn destination_relay(key: &[u8]) -> Option<&str> {
+    rest(key, b"peer/")
+}
+/// Every destination's health.
+pub(crate) fn all_peers() -> Vec<u8> {
+    b"peer/".to_vec()
+}
 /// Garbage-collection index: what to delete at `at`.
 pub(crate) fn gc(at: u64, key: &[u8]) -> Vec<u8> {
     self::key(&[b"gc/", &pad(at), b"/", key])
+}
+/// The key a [`gc`] entry deletes.
+pub(crate) fn gc_target(key: &[u8]) -> Option<&[u8]> {
+    let r = key.strip_prefix(b"gc/")?;
+    let (digits, r) = r.split_at_checked(20)?;
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    r.strip_prefix(b"/")
 }
 pub(crate) fn gc_prefix() -> Vec<u8> {
     b"gc/".to_vec()
@@ -202,6 +254,28 @@ pub(crate) fn relay_nonce(relay: &str, nonce: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_decoder_reads_what_its_encoder_wrote_and_nothing_else() {
+        let (acc, dev, relay, task) = ("acc", "dev", "https://r.example:8443", "task-1");
+        assert_eq!(route_account(&route(acc)), Some(acc));
+        assert_eq!(device_of(&device(acc, dev), acc), Some(dev));
+        assert_eq!(device_of(&device(acc, dev), "other"), None);
+        assert_eq!(
+            by_destination_parts(&by_destination(relay, task)),
+            Some((relay, task))
+        );
+        assert_eq!(outage_task(&outage(relay, task), relay), Some(task));
+        assert_eq!(revive_relay(&revive(1_700_000_000_000, relay)), Some(relay));
+        assert_eq!(destination_relay(&destination(relay)), Some(relay));
+        let target = route(acc);
+        assert_eq!(gc_target(&gc(42, &target)), Some(target.as_slice()));
+        // Keys of another kind, or cut short, decode to nothing.
+        assert_eq!(route_account(&destination(relay)), None);
+        assert_eq!(revive_relay(b"revive/123/x"), None);
+        assert_eq!(gc_target(b"gc/0000"), None);
+        assert_eq!(by_destination_parts(b"dest/no-separator"), None);
+    }
 
     #[test]
     fn pad_is_twenty_digit_decimal() {
