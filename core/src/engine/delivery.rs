@@ -225,7 +225,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             None => Incoming::parse(json::parse_object(t.body.as_bytes())?)?,
         };
         // The body is the canonical form of the params: its hash is their params hash.
-        let hash = super::receive::canonical_hash(t.body.as_bytes(), self.crypto);
+        let hash = super::idempotency::canonical_hash(t.body.as_bytes(), self.crypto);
         let limits = self.take_sender_allowance(&inc).and_then(|()| {
             self.take_token(
                 "deliver_to",

@@ -13,6 +13,7 @@ pub mod config;
 mod context;
 mod delivery;
 pub mod effect;
+mod idempotency;
 mod keyspace;
 pub mod limits;
 pub mod metrics;

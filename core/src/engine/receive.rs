@@ -5,55 +5,20 @@
 //! too), over the same deliver params, so both leave the same receipt.
 
 use super::context::{require_relay, Ctx};
+use super::idempotency::{params_hash, take_envelope};
 use super::keyspace as k;
 use super::records::RecvRec;
 use super::storage::Storage;
 use super::timeline::Kind;
 use super::{status, Caller, Entropy};
 use crate::wire::authorization::{Authorization, AuthorizationError};
-use crate::wire::base64url;
-use crate::wire::canonical;
 use crate::wire::certificate::DeviceCertificate;
-use crate::wire::crypto::Crypto;
 use crate::wire::envelope::MessageEnvelope;
 use crate::wire::field::{FieldError, Fields};
 use crate::wire::json::{Object, Value};
 use crate::wire::key_box::parse_boxes;
 use crate::wire::signature::SignedObject;
 use crate::{Error, ErrorCode};
-
-/// The logical request hash: base64url(sha256(JCS(params))), where the params are `p`
-/// with `envelope` as their `envelope` member (taken out of `p` when it was parsed, so it
-/// is not cloned); the envelope's canonical text, which acceptance needs anyway, is spliced in.
-pub(crate) fn params_hash(p: &Object, envelope: &MessageEnvelope, crypto: &Crypto) -> String {
-    let texts: Vec<(&str, String)> = p
-        .iter()
-        .filter(|(k, _)| *k != "envelope")
-        .map(|(k, v)| (k, canonical::to_string(v)))
-        .collect();
-    let mut members: Vec<(&str, &str)> = texts.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    members.push(("envelope", envelope.canonical_text()));
-    canonical_hash(
-        canonical::object_of_canonical(&mut members).as_bytes(),
-        crypto,
-    )
-}
-
-/// Takes the required `envelope` object out of `p` and parses it (so it is never cloned).
-pub(crate) fn take_envelope(p: &mut Object) -> Result<MessageEnvelope, Error> {
-    Fields::new(p).object("envelope")?;
-    match p.remove("envelope") {
-        Some(Value::Object(o)) => {
-            MessageEnvelope::parse(o).map_err(|e| e.within("envelope").into())
-        }
-        _ => Err(FieldError::invalid("envelope", "must be an object").into()),
-    }
-}
-
-/// The params hash of params whose canonical form is `jcs`.
-pub(crate) fn canonical_hash(jcs: &[u8], crypto: &Crypto) -> String {
-    base64url::encode(&crypto.sha256(jcs))
-}
 
 /// message.deliver params, parsed to the depth needed for the logical key.
 pub(crate) struct Incoming {
@@ -93,11 +58,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let from = inc.envelope.from.as_str().to_string();
         let id = inc.envelope.message_id.clone();
         let hash = params_hash(&inc.params, &inc.envelope, self.crypto);
-        if let Some(r) = self.txn.get::<RecvRec>(&k::received(&from, &id))? {
-            if r.hash != hash {
-                return Err(state_conflict());
-            }
-            return Ok(status::from_receipt(&from, &id, &r));
+        if let Some(answer) = self.received_before(&from, &id, &hash)? {
+            return Ok(answer);
         }
         if inc.envelope.from == inc.envelope.to {
             return Err(Error::new(
@@ -276,44 +238,5 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
         }
         Ok(())
-    }
-}
-
-pub(crate) fn state_conflict() -> Error {
-    Error::new(
-        ErrorCode::StateConflict,
-        "a different request with this (from, message_id) was already accepted",
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::client::draft;
-    use crate::wire::json::parse_object;
-
-    #[test]
-    fn the_params_hash_is_the_hash_of_the_canonical_params() {
-        let mut body = Object::new();
-        body.insert("ct", "Zm9v\u{e9}\"\\");
-        let (_, _, _, env) = draft::signed_test_envelope(body, 1_700_000_000_000);
-        // Members in a non-canonical order and spacing, as a client may send them.
-        let text = format!(
-            r#"{{ "recipient_boxes" : [{{"device_id":"x","z":1,"a":[true,null]}}],
-                 "envelope" : {}, "authorization": {{"type":"grant","b":"\u00e9"}} }}"#,
-            canonical::to_string(&Value::Object(env))
-        );
-        let p = parse_object(text.as_bytes()).expect("params");
-        let c = Crypto::new();
-        let want = canonical_hash(&canonical::object_to_vec(&p), &c);
-        let mut rest = p.clone();
-        let e = take_envelope(&mut rest).expect("envelope parses");
-        assert!(!rest.contains("envelope"));
-        assert_eq!(params_hash(&rest, &e, &c), want);
-        assert_eq!(
-            params_hash(&p, &e, &c),
-            want,
-            "a present envelope member is the same one"
-        );
     }
 }
