@@ -15,7 +15,7 @@ use relay_core::transport::{
 };
 use relay_core::wire::canonical;
 use relay_core::wire::canonical::write_string;
-use relay_core::wire::digest;
+use relay_core::wire::crypto::Crypto;
 use relay_core::wire::identity::RelayId;
 use relay_core::wire::relay_request;
 use relay_core::wire::signature::{self, SignatureError, SignedObject as _};
@@ -124,8 +124,6 @@ thread_local! {
 pub fn set_host_crypto(crypto: JsValue) -> Result<(), JsValue> {
     if crypto.is_null() || crypto.is_undefined() {
         HOST_CRYPTO.with(|h| *h.borrow_mut() = None);
-        signature::set_verifier(None);
-        digest::set_hasher(None);
         return Ok(());
     }
     let optional = |name: &str| -> Result<Option<Function>, JsValue> {
@@ -138,12 +136,6 @@ pub fn set_host_crypto(crypto: JsValue) -> Result<(), JsValue> {
             .map_err(|_| JsValue::from_str(&format!("crypto.{name} must be a function")))
     };
     let (verify, sha256) = (optional("verifyEd25519")?, optional("sha256Into")?);
-    signature::set_verifier(
-        verify
-            .is_some()
-            .then_some(host_verify as signature::Verifier),
-    );
-    digest::set_hasher(sha256.is_some().then_some(host_sha256 as digest::Hasher));
     HOST_CRYPTO.with(|h| {
         *h.borrow_mut() = Some(HostCrypto {
             obj: crypto,
@@ -390,6 +382,9 @@ impl RelayCore {
         // The store's schema version first: a store written by a newer relay is refused
         // here, with the core's message, before anything reads it.
         engine.open_store().map_err(|e| JsValue::from_str(&e))?;
+        // The installed host crypto (setHostCrypto) is asked first; without one, or for
+        // what it declines, the core's own decides.
+        engine.set_crypto(Crypto::with_host(Some(host_verify), Some(host_sha256)));
         Ok(RelayCore {
             relay: Relay::new(engine, &seed, operator_token.as_deref()),
             seed,

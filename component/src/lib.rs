@@ -17,9 +17,9 @@ mod guest {
     use relay_core::engine::{self, Caller, Config, Engine, Entropy};
     use relay_core::engine::{Storage, StorageError};
     use relay_core::transport::{self, http, socket, Event, Fetch, Listener, Relay, Request, Step};
-    use relay_core::wire::digest;
+    use relay_core::wire::crypto::Crypto;
     use relay_core::wire::identity::RelayId;
-    use relay_core::wire::signature::{self, SignatureError};
+    use relay_core::wire::signature::SignatureError;
     use relay_core::{Error, ErrorCode};
     use std::cell::RefCell;
 
@@ -233,8 +233,8 @@ mod guest {
             let mut engine = Engine::new(config, HostStorage, HostEntropy);
             // Before anything reads the store: a store written by a newer relay is refused.
             engine.open_store()?;
-            signature::set_verifier(Some(host_verify));
-            digest::set_hasher(Some(host_sha256));
+            // The engine's own crypto, through the host's native functions where it offers them.
+            engine.set_crypto(Crypto::with_host(Some(host_verify), Some(host_sha256)));
             let relay = Relay::new(engine, &seed, operator_token.as_deref());
             RELAY.with(|s| *s.borrow_mut() = Some(relay));
             host::log(host::Level::Info, "relay core component initialized");
