@@ -96,11 +96,24 @@ export type Caller =
   | { kind: 'relay'; value: string; origin?: string | null }
   | { kind: 'operator'; origin?: string | null };
 
-/** A method's answer: HTTP status and the result or `{error}` object. */
-export interface Reply {
-  status: number;
-  body: any;
+/** A JSON value as the core writes it (canonical JSON; protocol integers are numbers). */
+export type Json = null | boolean | number | string | Json[] | { [member: string]: Json };
+
+/** A protocol error (protocol.md §4): `code` is one of the error codes of protocol.md §5. */
+export interface ProtocolError {
+  code:
+    | 'invalid_params' | 'payload_too_large' | 'unauthenticated' | 'permission_denied'
+    | 'invalid_signature' | 'invalid_certificate' | 'clock_skew' | 'message_expired'
+    | 'authorization_invalid' | 'discovery_disabled' | 'device_unknown' | 'not_home_relay'
+    | 'state_conflict' | 'rate_limited' | 'not_found' | 'unavailable' | 'internal';
+  message: string;
+  data?: { [member: string]: Json };
 }
+
+/** A method's answer: 200 and the result object, or an error status and `{error}`. */
+export type Reply =
+  | { status: 200; body: { [member: string]: Json } }
+  | { status: number; body: { error: ProtocolError } };
 
 /** A request read whole, as the core takes it. */
 export interface HttpRequest {
