@@ -59,36 +59,27 @@ function refuse(req, res, status, body) {
   // Node ends such a connection with destroySoon() once the answer is written, which resets it
   // when request bytes are still unread, and the client may then lose the answer: linger instead.
   const socket = req.socket;
-  socket.destroySoon = () => linger(socket, req);
+  socket.destroySoon = () => linger(socket);
   res.end(text);
 }
 
-/** How long a lingering close reads (and drops) what the client still sends, at most ... */
+/** How long a refused connection stays open, half-closed, after its answer. */
 const LINGER_MS = 250;
-/** ... and how much: the rest of a refused body is never read (the answer has left by then). */
-const LINGER_BYTES = 256 * 1024;
 
 /**
  * Closes a connection whose request was refused unread: our side is ended (FIN, after the
- * answer) and what the client still sends is read and dropped for a moment, then the socket
- * is destroyed.
+ * answer) and nothing more is read; the socket is destroyed a moment later. Destroying it
+ * at once, with the client's bytes unread, sends a reset that can make the client lose the
+ * answer; reading on instead would read the body the answer refused. Meanwhile the client
+ * sees the answer and stops, or its writes fill the buffers and wait.
  * @param {import('node:net').Socket} socket
- * @param {import('node:http').IncomingMessage} req
  */
-function linger(socket, req) {
+function linger(socket) {
   if (socket.destroyed) return;
-  const from = socket.bytesRead;
-  const until = Date.now() + LINGER_MS;
-  const timer = setInterval(() => {
-    if (Date.now() >= until || socket.bytesRead - from >= LINGER_BYTES) socket.destroy();
-  }, 20);
-  socket.once('close', () => clearInterval(timer));
+  const timer = setTimeout(() => socket.destroy(), LINGER_MS);
+  socket.once('close', () => clearTimeout(timer));
   socket.once('end', () => socket.destroy());
   socket.end();
-  // The rest of the body flows through the parser into nothing.
-  req.removeAllListeners('data');
-  req.on('data', () => {});
-  req.resume();
 }
 
 /**
