@@ -7,9 +7,9 @@
 use crate::fixture::{self, Fixture};
 use crate::inproc::{self, As, Target, Wasm};
 use crate::report::{Report, Sample};
+use relay_core::engine::group::Grouped;
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{Engine, Storage, StorageError};
-use relay_host_wasmtime::group::Grouped;
 use relay_host_wasmtime::now_ms;
 use relay_host_wasmtime::store::{AnyStore, SqliteStore};
 use std::cell::RefCell;

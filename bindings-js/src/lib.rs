@@ -7,6 +7,7 @@
 //! `get(key)`, `scan(start, end, limit)` and `commit(writes)`.
 
 use js_sys::{Array, Function, Reflect, Uint8Array};
+use relay_core::engine::group::Grouped;
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{Caller, Config, Engine, Entropy, Storage, StorageError};
 use relay_core::transport::http::HEADERS;
@@ -353,7 +354,7 @@ fn fetch_of(status: i32, body: &[u8]) -> Fetch {
 /// bytes, strings and numbers; answers come out as one buffer or string each.
 #[wasm_bindgen]
 pub struct RelayCore {
-    relay: Relay<JsStorage, JsEntropy>,
+    relay: Relay<Grouped<JsStorage>, JsEntropy>,
     seed: [u8; 32],
 }
 
@@ -378,10 +379,12 @@ impl RelayCore {
             commit: method(&storage, "commit")?,
             obj: storage,
         };
-        let mut engine = Engine::new(config, store, JsEntropy);
+        let mut engine = Engine::new(config, Grouped::new(store), JsEntropy);
         // The store's schema version first: a store written by a newer relay is refused
         // here, with the core's message, before anything reads it.
-        engine.open_store().map_err(|e| JsValue::from_str(&e))?;
+        engine
+            .open_store()
+            .map_err(|e| JsValue::from_str(&e.to_string()))?;
         // The installed host crypto (setHostCrypto) is asked first; without one, or for
         // what it declines, the core's own decides.
         engine.set_crypto(Crypto::with_host(Some(host_verify), Some(host_sha256)));
@@ -389,6 +392,23 @@ impl RelayCore {
             relay: Relay::new(engine, &seed, operator_token.as_deref()),
             seed,
         })
+    }
+
+    /// Opens a commit group: the following calls' commits wait for `flushGroup` (the core's
+    /// group commit, the same the wasmtime host uses).
+    #[wasm_bindgen(js_name = beginGroup)]
+    pub fn begin_group(&mut self) {
+        self.relay.engine().store_mut().begin();
+    }
+
+    /// Commits the open group's writes in one storage commit and closes it; whether there
+    /// was anything to write. On error every write of the group is gone.
+    #[wasm_bindgen(js_name = flushGroup)]
+    pub fn flush_group(&mut self) -> Result<bool, JsValue> {
+        let store = self.relay.engine().store_mut();
+        let wrote = store.has_writes();
+        store.flush().map_err(|e| JsValue::from_str(&e.0))?;
+        Ok(wrote)
     }
 
     /// The request headers the core reads, lowercase, comma-separated.

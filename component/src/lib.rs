@@ -9,12 +9,13 @@ mod guest {
     // Generated code: its shape follows the WIT, not our lints.
     #[allow(clippy::too_many_arguments)]
     mod bindings {
-        wit_bindgen::generate!({ world: "relay", path: "../wit" });
+        wit_bindgen::generate!({ world: "core", path: "../wit" });
     }
 
+    use bindings::exports::relay::core::relay::Guest;
     use bindings::relay::core::host;
     use bindings::relay::core::types as t;
-    use relay_core::engine::{self, Caller, Config, Engine, Entropy};
+    use relay_core::engine::{self, Caller, Config, Engine, Entropy, OpenError};
     use relay_core::engine::{Storage, StorageError};
     use relay_core::transport::{self, http, socket, Event, Fetch, Listener, Relay, Request, Step};
     use relay_core::wire::crypto::Crypto;
@@ -201,9 +202,11 @@ mod guest {
                     .engine()
                     .call_from(&caller(c), origin, method, &params, now);
                 let (status, body) = (r.http_status(), r.body());
+                let error = r.result.as_ref().err().map(|e| error_code(e.code));
                 t::Reply {
                     status,
                     body,
+                    error,
                     events: events(relay.events(r.effects, now)),
                 }
             },
@@ -212,27 +215,54 @@ mod guest {
                 t::Reply {
                     status: r.status,
                     body: r.body,
+                    error: Some(t::ErrorCode::Internal),
                     events: Vec::new(),
                 }
             },
         )
     }
 
+    /// The WIT's error-code for the core's: one arm per code, so a new code fails to compile here.
+    fn error_code(c: ErrorCode) -> t::ErrorCode {
+        match c {
+            ErrorCode::InvalidParams => t::ErrorCode::InvalidParams,
+            ErrorCode::PayloadTooLarge => t::ErrorCode::PayloadTooLarge,
+            ErrorCode::Unauthenticated => t::ErrorCode::Unauthenticated,
+            ErrorCode::PermissionDenied => t::ErrorCode::PermissionDenied,
+            ErrorCode::InvalidSignature => t::ErrorCode::InvalidSignature,
+            ErrorCode::InvalidCertificate => t::ErrorCode::InvalidCertificate,
+            ErrorCode::ClockSkew => t::ErrorCode::ClockSkew,
+            ErrorCode::MessageExpired => t::ErrorCode::MessageExpired,
+            ErrorCode::AuthorizationInvalid => t::ErrorCode::AuthorizationInvalid,
+            ErrorCode::DiscoveryDisabled => t::ErrorCode::DiscoveryDisabled,
+            ErrorCode::DeviceUnknown => t::ErrorCode::DeviceUnknown,
+            ErrorCode::NotHomeRelay => t::ErrorCode::NotHomeRelay,
+            ErrorCode::StateConflict => t::ErrorCode::StateConflict,
+            ErrorCode::RateLimited => t::ErrorCode::RateLimited,
+            ErrorCode::NotFound => t::ErrorCode::NotFound,
+            ErrorCode::Unavailable => t::ErrorCode::Unavailable,
+            ErrorCode::Internal => t::ErrorCode::Internal,
+        }
+    }
+
     struct Component;
 
-    impl bindings::Guest for Component {
+    impl Guest for Component {
         fn init(
             config: String,
             relay_seed: Vec<u8>,
             operator_token: Option<String>,
-        ) -> Result<(), String> {
-            let config = Config::from_json(config.as_bytes())?;
+        ) -> Result<(), t::Error> {
+            let config = Config::from_json(config.as_bytes()).map_err(t::Error::BadConfig)?;
             let seed: [u8; 32] = relay_seed
                 .try_into()
-                .map_err(|_| "relay seed must be 32 bytes".to_string())?;
+                .map_err(|_| t::Error::BadConfig("relay seed must be 32 bytes".to_string()))?;
             let mut engine = Engine::new(config, HostStorage, HostEntropy);
             // Before anything reads the store: a store written by a newer relay is refused.
-            engine.open_store()?;
+            engine.open_store().map_err(|e| match e {
+                OpenError::Storage(m) => t::Error::Storage(m),
+                refused => t::Error::RefusedStore(refused.to_string()),
+            })?;
             // The engine's own crypto, through the host's native functions where it offers them.
             engine.set_crypto(Crypto::with_host(Some(host_verify), Some(host_sha256)));
             let relay = Relay::new(engine, &seed, operator_token.as_deref());
@@ -343,15 +373,15 @@ mod guest {
         fn well_known() -> Vec<u8> {
             with(|r| r.well_known(), Vec::new)
         }
-        fn metrics() -> Result<String, String> {
+        fn metrics() -> Result<String, t::Error> {
             with(
                 |r| {
                     r.engine()
                         .metrics()
                         .map(|m| m.to_prometheus())
-                        .map_err(|e| format!("reading the metrics: {e}"))
+                        .map_err(|e| t::Error::Storage(format!("reading the metrics: {e}")))
                 },
-                || Err(NOT_READY.to_string()),
+                || Err(t::Error::NotReady),
             )
         }
     }

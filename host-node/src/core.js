@@ -135,13 +135,15 @@ export class Core {
    * @returns {Promise<Step>}
    */
   grouped(f) {
-    if (typeof this.storage.begin !== 'function' || GROUP_CAP === 0) return Promise.resolve(this.#step(f, true));
+    if (!this.storage.durable || GROUP_CAP === 0) return Promise.resolve(this.#step(f, true));
     if (!this.group) {
-      this.storage.begin();
+      this.inner.beginGroup();
       this.group = [];
       setImmediate(() => this.flushGroup());
     }
     const reply = this.#step(f, false);
+    // The call trapped: the group's writes went with the instance, and its answers with them.
+    if (!this.group) return Promise.resolve(reply);
     const answer = new Promise((resolve) => this.group.push([reply, resolve]));
     if (this.group.length >= GROUP_CAP) this.flushGroup();
     return answer;
@@ -153,16 +155,20 @@ export class Core {
     if (!group) return;
     this.group = null;
     let durable = true;
-    const started = performance.now();
     try {
-      // A group that wrote nothing commits nothing, and is not counted.
-      if (this.storage.flush()) this.metrics?.commit(group.length, (performance.now() - started) / 1000);
+      // The core's group commit: one storage commit for the group, which the storage counts
+      // as `batch` operations. A group that wrote nothing commits nothing.
+      this.storage.batch = group.length;
+      this.inner.flushGroup();
       this.committing = true;
     } catch (e) {
       durable = false;
       this.committing = false;
       this.log.error(`group commit of ${group.length} calls failed: ${messageOf(e)}`);
+      if (e instanceof WebAssembly.RuntimeError) this.#trapped(e);
       this.onCommitFailed?.();
+    } finally {
+      this.storage.batch = 1;
     }
     for (const [reply, resolve] of group) resolve(durable ? reply : uncommitted());
   }
@@ -193,13 +199,21 @@ export class Core {
       return f(this.inner);
     } catch (e) {
       if (!(e instanceof WebAssembly.RuntimeError)) throw e;
-      this.traps += 1;
-      this.healthy = false;
-      this.metrics?.traps.inc();
-      this.log.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
-      this.#recover();
+      this.#trapped(e);
       return fallback;
     }
+  }
+
+  /** After a trap: the open group (its writes were in the instance) answers that nothing was accepted, and a fresh instance stands. */
+  #trapped(e) {
+    this.traps += 1;
+    this.healthy = false;
+    this.metrics?.traps.inc();
+    this.log.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
+    const group = this.group;
+    this.group = null;
+    for (const [, resolve] of group ?? []) resolve(uncommitted());
+    this.#recover();
   }
 
   /**

@@ -56,6 +56,10 @@ export interface Storage {
   readonly isOpen?: boolean;
   /** Copies the store to a file (written whole, mode 0600) while it is in use; needed for `admin backup`. */
   backup?(file: string): Promise<BackupResult>;
+  /** True when a commit costs a sync to disk: the relay then groups concurrent calls' commits into one (the core's group commit). */
+  readonly durable?: boolean;
+  /** Operations in the commit being made (the relay sets it while the core flushes a group; for metrics). */
+  batch?: number;
 }
 
 export class MemoryStorage implements Storage {

@@ -1,22 +1,22 @@
 // The worker side of a relay thread (relay-thread.js): the relay (core, storage, timers,
 // deliveries to peers) runs here; the main thread only carries the transports.
 //
-// Messages in: `{id, op, args, pre?}` (`pre`: the digest of an envelope the main thread
-// verified) and `{close: true}`. Messages out: `{started}`, then
-// `{answers: [[id, ok, value], ...]}` (the answers a commit group releases cross together),
-// `{event, data}` for the relay's notifications, `{learn: [token, key]}` and `{closed: true}`.
+// Messages in: `{id, op, args, sending?}` (`sending`: the session of a message.send) and
+// `{close: true}`. Messages out: `{started}`, then `{answers: [[id, ok, value], ...]}` (the
+// answers a commit group releases cross together), `{event, data}` for the relay's
+// notifications, and `{closed: true}`.
 
 import { parentPort, workerData } from 'node:worker_threads';
 import { createRelay } from './relay.js';
 import { addon, hostCrypto } from './native.js';
-import { Preverified, preverifying } from './preverify.js';
+import { Preverified } from './preverify.js';
 import { Log } from './log.js';
 
-// Envelopes the main thread verified are answered from memory (preverify.js); the main
-// thread learns each session's key from the core's own verifications here.
+// Envelopes the main thread verified are answered from the relay's memory (preverify.js,
+// `workerData.preverify` its id); the core's own verifications here teach it session keys.
 const native = addon();
 const base = hostCrypto();
-const preverified = preverifying(native) && base?.verifyEd25519 ? new Preverified(native, (token, key) => parentPort.postMessage({ learn: [token, key] })) : null;
+const preverified = workerData.preverify && base?.verifyEd25519 ? new Preverified(native, workerData.preverify) : null;
 const crypto = preverified ? { ...base, verifyEd25519: preverified.wrap(base.verifyEd25519) } : undefined;
 
 const log = new Log({ format: workerData.logFormat ?? 'text' });
@@ -74,7 +74,6 @@ parentPort.on('message', async (m) => {
     parentPort.close();
     return;
   }
-  if (m.pre && preverified) preverified.add(m.pre);
   sending = m.sending ?? null;
   run(m.id, m.op, m.args);
   sending = null;

@@ -5,7 +5,7 @@
 import { EventEmitter } from 'node:events';
 import { Worker } from 'node:worker_threads';
 import { addon } from './native.js';
-import { SessionKeys, preverifying } from './preverify.js';
+import { Ahead, preverifying } from './preverify.js';
 import { Log } from './log.js';
 import { SERVE_OPTIONS } from './relay.js';
 
@@ -18,8 +18,9 @@ export class RelayThread extends EventEmitter {
    * @param {{wellKnown: string, maxRequestBytes: number, data: string | null, adminListen: string}} started
    * @param {Log} [log] this thread's log (the transports')
    * @param {Record<string, unknown>} [serveOptions] `serve`'s options given at start (limits, TLS)
+   * @param {Ahead | null} [ahead] envelopes verified here, ahead of the thread (preverify.js)
    */
-  constructor(worker, started, log = new Log(), serveOptions = {}) {
+  constructor(worker, started, log = new Log(), serveOptions = {}, ahead = null) {
     super();
     this.worker = worker;
     /** What `serve` uses unless told otherwise: the limits and the certificate for TLS (kept on this thread). */
@@ -35,9 +36,8 @@ export class RelayThread extends EventEmitter {
     this.closing = null;
     /** Why the thread is gone, once it is: later calls fail at once. */
     this.gone = null;
-    const native = addon();
     /** Envelopes verified here, ahead of the thread (preverify.js); null when off. */
-    this.sessionKeys = preverifying(native) ? new SessionKeys(native) : null;
+    this.ahead = ahead;
     worker.on('message', (m) => this.#receive(m));
     worker.on('error', (e) => this.#lost(e));
     worker.on('exit', (code) => this.#lost(new Error(`the relay thread exited (code ${code})`)));
@@ -54,36 +54,38 @@ export class RelayThread extends EventEmitter {
     // The transports' options stay here (the TLS key never crosses to the relay thread).
     const serveOptions = Object.fromEntries(SERVE_OPTIONS.filter((k) => rest[k] !== undefined).map((k) => [k, rest[k]]));
     const data = Object.fromEntries(Object.entries(rest).filter(([k]) => !SERVE_OPTIONS.includes(k)));
+    const native = addon();
+    const ahead = preverifying(native) ? new Ahead(native) : null;
     return new Promise((resolve, reject) => {
-      const worker = new Worker(WORKER, { workerData: { ...data, logFormat: mine.format } });
+      const worker = new Worker(WORKER, { workerData: { ...data, logFormat: mine.format, preverify: ahead?.id ?? 0 } });
       const early = (e) => reject(e instanceof Error ? e : new Error(`the relay thread exited (code ${e})`));
       worker.once('error', early);
       worker.once('exit', early);
       worker.once('message', (m) => {
         worker.off('error', early);
         worker.off('exit', early);
-        if (m.started) resolve(new RelayThread(worker, m.started, mine, serveOptions));
-        else reject(new Error('the relay thread did not start'));
+        if (m.started) return resolve(new RelayThread(worker, m.started, mine, serveOptions, ahead));
+        ahead?.close();
+        reject(new Error('the relay thread did not start'));
       });
     });
   }
 
   /**
-   * Same as `Relay.handle`, answered by the thread. The body crosses (moved, not cloned); a
-   * client's message.send or a relay's message.deliver may carry the digest of an envelope
-   * verified here first (preverify.js).
+   * Same as `Relay.handle`, answered by the thread. The body crosses (moved, not cloned); the
+   * envelope of a client's message.send or a relay's message.deliver may be verified here
+   * first (preverify.js).
    * @param {import('./relay.js').Request} req
    */
   handle(req) {
     const body = new Uint8Array(req.body);
-    let pre = null;
     let sending = null;
-    if (this.sessionKeys && req.method === 'POST' && req.body.length > 0) {
+    if (this.ahead && req.method === 'POST' && req.body.length > 0) {
       const token = /^authorization\nBearer (.*)\n/m.exec(req.headers)?.[1]?.trim() ?? null;
-      pre = this.sessionKeys.check(req.path, token, req.body);
+      this.ahead.check(req.path, token, req.body);
       if (req.path === '/v1/message.send') sending = token;
     }
-    return this.#call('handle', [{ ...req, body }], pre, sending, [body.buffer]);
+    return this.#call('handle', [{ ...req, body }], sending, [body.buffer]);
   }
 
   /** Same as `Relay.message`. */
@@ -137,12 +139,12 @@ export class RelayThread extends EventEmitter {
     return this.#call('stats', []);
   }
 
-  #call(op, args, pre = null, sending = null, transfer = []) {
+  #call(op, args, sending = null, transfer = []) {
     if (this.gone) return Promise.reject(this.gone);
     if (this.closing) return Promise.reject(new Error('the relay thread is closing'));
     const id = this.nextId++;
     // Posted at once: the thread starts on a request while this one reads the next.
-    this.worker.postMessage(pre === null && sending === null ? { id, op, args } : { id, op, args, pre, sending }, transfer);
+    this.worker.postMessage(sending === null ? { id, op, args } : { id, op, args, sending }, transfer);
     return new Promise((resolve, reject) => this.pending.set(id, [resolve, reject]));
   }
 
@@ -154,8 +156,6 @@ export class RelayThread extends EventEmitter {
         if (ok) p?.[0](value);
         else p?.[1](new Error(value));
       }
-    } else if (m.learn) {
-      this.sessionKeys?.learn(m.learn[0], m.learn[1]);
     } else if (m.event) {
       this.emit(m.event, m.data);
     } else if (m.closed) {
@@ -171,6 +171,7 @@ export class RelayThread extends EventEmitter {
    */
   #lost(cause) {
     if (this.gone) return;
+    this.ahead?.close();
     const e = Object.assign(new Error(cause.message, { cause }), { code: 'RELAY_THREAD_LOST' });
     this.gone = e;
     for (const [, reject] of this.pending.values()) reject(e);

@@ -52,10 +52,8 @@ export class MemoryStorage {
 /**
  * SQLite storage: WAL, synchronous=FULL, one transaction per commit (durable before it returns).
  *
- * Group commit: between `begin()` and `flush()` commits land in an overlay that reads see
- * (later operations see earlier ones' writes) and nothing reaches the disk; `flush()` writes
- * the overlay in one transaction, one fsync for the group. If it throws, the overlay is
- * dropped: the whole group is undone, and its callers must answer that nothing was accepted.
+ * It is `durable`: the host groups the commits of concurrent calls through the core's
+ * group commit (the overlay lives in the core), which hands it one commit per group.
  */
 export class SqliteStorage {
   /**
@@ -84,6 +82,8 @@ export class SqliteStorage {
       if (e.code === 'SQLITE_BUSY' || e.code === 'SQLITE_LOCKED') throw new Error(`${file}: ${e.message} (is another relay using it?)`);
       throw e;
     }
+    /** Commits cost an fsync: the host groups them (core.js). */
+    this.durable = true;
     this.db.exec('CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID');
     this.getStmt = this.db.prepare('SELECT v FROM kv WHERE k = ?').pluck();
     // No `LIMIT ?`: SQLite (3.46 and later) recompiles a statement every time a LIMIT
@@ -93,8 +93,10 @@ export class SqliteStorage {
     this.firstStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT 1').raw();
     this.putStmt = this.db.prepare('INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)');
     this.delStmt = this.db.prepare('DELETE FROM kv WHERE k = ?');
+    /** Operations in the commit being made: the host sets it while the core flushes a group. */
+    this.batch = 1;
     /**
-     * Told of each commit made outside a group (one operation, durable): `(1, seconds)`.
+     * Told of each durable commit: `(operations, seconds)`.
      * @type {((size: number, seconds: number) => void) | null}
      */
     this.onCommit = null;
@@ -106,58 +108,10 @@ export class SqliteStorage {
     });
   }
   get(key) {
-    if (!this.overlay) return this.getStmt.get(key) ?? null;
-    const k = id(key);
-    const hit = this.overlay.get(k);
-    if (hit !== undefined) return hit;
-    // The operations of a group read the same few records (the recipient's account, route
-    // and devices, for every send to it): the database answers each key once per group.
-    // Nothing writes the database while the group is open, so these stay exact until flush.
-    let v = this.read.get(k);
-    if (v === undefined) {
-      v = this.getStmt.get(key) ?? null;
-      this.read.set(k, v);
-    }
-    return v;
+    return this.getStmt.get(key) ?? null;
   }
   scan(start, end, limit) {
-    if (limit <= 0) return [];
-    if (!this.overlay || this.overlay.size === 0) return this.rows(start, end, limit);
-    const lo = id(start);
-    const hi = id(end);
-    const first = this.overlay.getPairOrNextHigher(lo);
-    if (first === undefined || first[0] >= hi) return this.rows(start, end, limit);
-    // Two ordered streams merged until `limit`: the group's writes in [start, end) (a
-    // deletion hides the stored row of its key) and the stored rows. Each operation asks
-    // for the first due or expiring key, and every send of the group wrote one of the
-    // latter: collecting all of them per scan made a group's cost grow with its square.
-    const out = [];
-    const mine = this.overlay.entries(lo);
-    const stored = this.scanStmt.iterate(start, end);
-    try {
-      let o = mine.next().value;
-      let d = stored.next().value;
-      let dk = d && id(d[0]);
-      while (out.length < limit) {
-        const ownLive = o !== undefined && o[0] < hi;
-        if (!ownLive && d === undefined) break;
-        if (ownLive && (d === undefined || o[0] <= dk)) {
-          if (d !== undefined && o[0] === dk) {
-            d = stored.next().value;
-            dk = d && id(d[0]);
-          }
-          if (o[1] !== null) out.push([Buffer.from(o[0], 'latin1'), o[1]]);
-          o = mine.next().value;
-        } else {
-          out.push(d);
-          d = stored.next().value;
-          dk = d && id(d[0]);
-        }
-      }
-    } finally {
-      stored.return();
-    }
-    return out;
+    return this.rows(start, end, limit);
   }
   /** The first `limit` stored rows with start <= key < end, in key order. */
   rows(start, end, limit) {
@@ -176,32 +130,10 @@ export class SqliteStorage {
     return out;
   }
   commit(writes) {
-    if (!this.overlay) {
-      if (!this.onCommit || writes.length === 0) return this.tx(writes);
-      const started = performance.now();
-      this.tx(writes);
-      return this.onCommit(1, (performance.now() - started) / 1000);
-    }
-    for (const [k, v] of writes) this.overlay.set(id(k), v);
-  }
-  /** Opens a group: commits wait for `flush()`. */
-  begin() {
-    /** @type {BTree<string, Uint8Array | null>} writes of the open group, by key */
-    this.overlay ??= new BTree();
-    this.read ??= new Map();
-  }
-  /**
-   * Commits the group in one transaction and closes it; throws (and drops the group) on
-   * failure. Returns whether there was anything to write.
-   * @returns {boolean}
-   */
-  flush() {
-    const o = this.overlay;
-    this.overlay = null;
-    this.read = null;
-    if (!o || o.size === 0) return false;
-    this.tx(o.toArray().map(([k, v]) => [Buffer.from(k, 'latin1'), v]));
-    return true;
+    if (!this.onCommit || writes.length === 0) return this.tx(writes);
+    const started = performance.now();
+    this.tx(writes);
+    return this.onCommit(this.batch, (performance.now() - started) / 1000);
   }
   /** Whether the database is open. */
   get isOpen() {

@@ -1,20 +1,27 @@
 //! The core component inside wasmtime: instantiation, limits, and recovery from traps.
 
-use crate::group::Grouped;
-use crate::preverify::Preverify;
 use crate::store::AnyStore;
+use relay_core::engine::group::Grouped;
 use relay_core::engine::{Storage, StorageError};
+use relay_core::wire::preverify::Memory as Preverify;
 use std::path::Path;
 use std::sync::Arc;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
 
-wasmtime::component::bindgen!({ world: "relay", path: "../wit" });
+/// The bindings of the `core` world (its struct is named `Core`, as the host's own is).
+mod wit {
+    wasmtime::component::bindgen!({ world: "core", path: "../wit" });
+}
 
-use relay::core::host;
 pub use relay::core::types::{
-    Close, DeliveryEnd, HttpResponse, KeyFetch, Listener, Notify, PeerRequest, Upgrade,
+    Caller, Close, DeliveryEnd, Error, ErrorCode, Event, Fetch, HttpRequest, HttpResponse,
+    KeyFetch, Listener, Notify, PeerRequest, Reply, Step, TickReport, Upgrade, WsAnswer,
 };
+use wit::exports::relay::core::relay::Guest;
+use wit::relay;
+use wit::relay::core::host;
+use wit::Core as CoreWorld;
 
 /// Fuel for one call of a metered engine: far above any legitimate operation.
 const FUEL_PER_CALL: u64 = 20_000_000_000;
@@ -35,7 +42,7 @@ pub struct HostState {
     /// host's hint, from the request's path or the frame it parsed natively.
     sending: Option<String>,
     /// Storage calls that failed (a call that saw one cannot be trusted to have read
-    /// everything: `Core::next_wake` reports it as failed).
+    /// everything: `Core::tick` and `Core::fetched` report it as failed).
     storage_errors: u64,
     /// Faults on request (tests): `trap_ticks`.
     faults: Option<Arc<crate::store::Faults>>,
@@ -146,7 +153,7 @@ pub use host::Verdict;
 /// An instance of the component and the wasmtime store that holds it (and the storage).
 struct Live {
     store: Store<HostState>,
-    instance: Relay,
+    instance: CoreWorld,
 }
 
 /// A loaded, initialized core instance.
@@ -235,16 +242,17 @@ fn instantiate(
         },
     );
     s.limiter(|h| &mut h.limits);
-    let start = |s: &mut Store<HostState>| -> wasmtime::Result<Relay> {
+    let start = |s: &mut Store<HostState>| -> wasmtime::Result<CoreWorld> {
         // Metered engines only: elsewhere there is no fuel to set (`get_fuel` says so).
         if s.get_fuel().is_ok() {
             s.set_fuel(FUEL_PER_CALL)?;
         }
         s.set_epoch_deadline(u64::MAX / 2);
-        let instance = Relay::instantiate(&mut *s, component, linker)?;
+        let instance = CoreWorld::instantiate(&mut *s, component, linker)?;
         instance
+            .relay_core_relay()
             .call_init(&mut *s, config_json, seed, operator_token)?
-            .map_err(|e| wasmtime::format_err!("core init: {e}"))?;
+            .map_err(|e| wasmtime::format_err!("core init: {}", init_error(e)))?;
         Ok(instance)
     };
     match start(&mut s) {
@@ -275,7 +283,7 @@ impl Core {
             }
         }
         let mut linker = Linker::new(engine);
-        Relay::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        CoreWorld::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         let store = Grouped::new(store);
         let live = instantiate(
             engine,
@@ -310,7 +318,7 @@ impl Core {
     /// same storage. `None` after a trap, and for every call once no instance could be made.
     fn guarded<R>(
         &mut self,
-        f: impl FnOnce(&Relay, &mut Store<HostState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(&Guest, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Option<R> {
         let live = self.live.as_mut()?;
         // Without metering, asking for fuel is an error built per call: not on this path.
@@ -318,7 +326,7 @@ impl Core {
             let _ = live.store.set_fuel(FUEL_PER_CALL);
         }
         live.store.set_epoch_deadline(crate::EPOCHS_PER_CALL);
-        let r = f(&live.instance, &mut live.store);
+        let r = f(live.instance.relay_core_relay(), &mut live.store);
         if self.metered {
             let left = live.store.get_fuel().unwrap_or(FUEL_PER_CALL);
             self.fuel_spent += FUEL_PER_CALL.saturating_sub(left);
@@ -423,8 +431,13 @@ impl Core {
             Caller::Session(t) if method == "message.send" => Some(t.as_str()),
             _ => None,
         };
-        self.hinted(sending, |i, s| {
-            i.call_call(s, caller, None, method, params, now)
+        // The four methods of the seed go through their typed exports; the rest by name.
+        self.hinted(sending, |i, s| match method {
+            "message.send" => i.call_send(s, caller, params, now),
+            "message.deliver" => i.call_deliver(s, caller, params, now),
+            "message.delivery.status" => i.call_status(s, caller, params, now),
+            "message.timeline.sync" => i.call_sync(s, caller, params, now),
+            _ => i.call_call(s, caller, None, method, params, now),
         })
         .unwrap_or_else(internal_reply)
     }
@@ -433,7 +446,7 @@ impl Core {
     fn hinted<R>(
         &mut self,
         token: Option<&str>,
-        f: impl FnOnce(&Relay, &mut Store<HostState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(&Guest, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Option<R> {
         let sending = token.filter(|_| self.pre.is_some()).map(str::to_string);
         if let Some(live) = &mut self.live {
@@ -522,8 +535,10 @@ impl Core {
     /// The engine's own counts in the Prometheus text format; an error if the store could
     /// not be read or the core has failed.
     pub fn metrics(&mut self) -> Result<String, String> {
-        self.guarded(|i, s| i.call_metrics(s))
-            .unwrap_or_else(|| Err("the relay core failed".into()))
+        match self.guarded(|i, s| i.call_metrics(s)) {
+            Some(r) => r.map_err(init_error),
+            None => Err("the relay core failed".into()),
+        }
     }
 
     /// Copies the SQLite database, as every committed group left it, to `path` (online
@@ -545,12 +560,21 @@ impl Core {
     }
 }
 
+/// The message of a typed error the component returned.
+fn init_error(e: Error) -> String {
+    match e {
+        Error::BadConfig(m) | Error::RefusedStore(m) | Error::Storage(m) => m,
+        Error::NotReady => "the relay core is not initialized".into(),
+    }
+}
+
 /// An in-process call's answer after a trap or a failed group commit: nothing was accepted.
 pub fn internal_reply() -> Reply {
     let r = relay_core::transport::Response::uncommitted();
     Reply {
         status: r.status,
         body: r.body,
+        error: Some(ErrorCode::Internal),
         events: Vec::new(),
     }
 }
@@ -723,6 +747,51 @@ mod tests {
             "the registration is durable"
         );
         drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_typed_exports_answer_with_the_protocols_error_code_and_init_errors_are_typed() {
+        let dir = scratch("typed");
+        let db = dir.join("relay.sqlite");
+        let mut core = load(&db);
+        let now = crate::now_ms();
+        // message.send and message.timeline.sync go through their typed exports.
+        let r = core.call(&Caller::Anonymous, "message.send", b"{}", now);
+        assert_eq!((r.status, r.error), (400, Some(ErrorCode::InvalidParams)));
+        let r = core.call(&Caller::Anonymous, "message.timeline.sync", b"[", now);
+        assert_eq!((r.status, r.error), (400, Some(ErrorCode::InvalidParams)));
+        // Other methods by name: an account not registered yet is not found, then is.
+        let (register, account) = registration();
+        let params = format!(r#"{{"account":"{account}"}}"#);
+        let r = core.call(&Caller::Anonymous, "route.get", params.as_bytes(), now);
+        assert_eq!((r.status, r.error), (404, Some(ErrorCode::NotFound)));
+        let r = core.call(&Caller::Anonymous, "account.register", &register, now);
+        assert_eq!((r.status, r.error), (200, None));
+        let r = core.call(&Caller::Anonymous, "route.get", params.as_bytes(), now);
+        assert_eq!((r.status, r.error), (200, None));
+        drop(core);
+        // A store written by a newer relay: init's typed error says so, and the host refuses it.
+        let mut newer = SqliteStore::open(&db).expect("sqlite");
+        newer
+            .commit(vec![(b"meta/schema".to_vec(), Some(b"99".to_vec()))])
+            .unwrap();
+        drop(newer);
+        let config = relay_core::engine::Config::new(
+            relay_core::wire::identity::RelayId::parse(RELAY).unwrap(),
+            "dev",
+        );
+        let e = Core::load(
+            &wasm_engine().unwrap(),
+            &crate::settings::Settings::default().component_path(),
+            AnyStore::Sqlite(SqliteStore::open(&db).expect("sqlite")),
+            String::from_utf8(config.to_json()).unwrap(),
+            [7; 32],
+            None,
+        )
+        .err()
+        .expect("a newer store is refused");
+        assert!(format!("{e:#}").contains("newer relay"), "{e:#}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

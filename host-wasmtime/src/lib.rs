@@ -5,13 +5,11 @@
 //! the engine expects. The async side (axum, tokio) moves bytes, keeps time,
 //! runs timers and executes effects. No protocol logic lives here.
 
-pub mod group;
 pub mod guest;
 mod hub;
 pub mod net;
 pub mod ops;
 mod outbound;
-pub mod preverify;
 mod server;
 pub mod settings;
 pub mod store;
@@ -23,6 +21,7 @@ use anyhow::Context;
 use guest::{Core, Event, Reply};
 use relay_core::engine::{Config, MemoryStore};
 use relay_core::wire::identity::RelayId;
+use relay_core::wire::preverify::Memory as Preverify;
 use settings::Settings;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -183,7 +182,7 @@ pub struct App {
     /// Calls that entered the core (for tests that prove a request never reached it).
     pub core_calls: std::sync::atomic::AtomicU64,
     /// Envelope signatures verified on the HTTP workers (`None` with `RELAY_PREVERIFY=0`).
-    pub preverify: Option<Arc<preverify::Preverify>>,
+    pub preverify: Option<Arc<Preverify>>,
 }
 
 impl App {
@@ -528,7 +527,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     }
     // `RELAY_PREVERIFY=0` leaves every verification to the core thread (to measure what this pays).
     let pre = (std::env::var_os("RELAY_PREVERIFY").is_none_or(|v| v != "0"))
-        .then(|| Arc::new(preverify::Preverify::default()));
+        .then(|| Arc::new(Preverify::default()));
     let core_pre = pre.clone();
     let metrics = Arc::new(ops::HostMetrics::default());
     let health = Arc::new(ops::Health::default());

@@ -227,5 +227,6 @@ fn a_store_records_its_schema_version_and_one_written_by_a_newer_relay_is_refuse
         .commit(vec![(b"meta/schema".to_vec(), Some(b"2".to_vec()))])
         .unwrap();
     let err = Engine::new(cfg, newer, entropy()).open_store().unwrap_err();
-    assert!(err.contains("newer relay"), "{err}");
+    assert_eq!(err, relay_core::engine::OpenError::Newer(2));
+    assert!(err.to_string().contains("newer relay"), "{err}");
 }

@@ -14,7 +14,9 @@ use wasmparser::{Parser, Payload, Validator, WasmFeatures};
 type Result<T> = std::result::Result<T, String>;
 
 /// Imports a relay core component may have; anything else fails the build.
-const ALLOWED_IMPORTS: &[&str] = &["relay:core/host@0.1.0", "relay:core/types@0.1.0"];
+const ALLOWED_IMPORTS: &[&str] = &["relay:core/host@0.2.0", "relay:core/types@0.2.0"];
+/// The interface a relay core component must export: the product's API.
+const EXPORT: &str = "relay:core/relay@0.2.0";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -186,6 +188,7 @@ fn check(component: &[u8]) -> Result<()> {
         .map_err(|e| format!("validation: {e}"))?;
     let mut depth = 0usize;
     let mut imports = Vec::new();
+    let mut exports = Vec::new();
     for payload in Parser::new(0).parse_all(component) {
         match payload.map_err(|e| e.to_string())? {
             Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
@@ -193,6 +196,11 @@ fn check(component: &[u8]) -> Result<()> {
             Payload::ComponentImportSection(s) if depth == 0 => {
                 for i in s {
                     imports.push(i.map_err(|e| e.to_string())?.name.name.to_string());
+                }
+            }
+            Payload::ComponentExportSection(s) if depth == 0 => {
+                for e in s {
+                    exports.push(e.map_err(|e| e.to_string())?.name.name.to_string());
                 }
             }
             _ => {}
@@ -208,12 +216,17 @@ fn check(component: &[u8]) -> Result<()> {
             "the component imports {bad:?}; only {ALLOWED_IMPORTS:?} are allowed"
         ));
     }
+    if !exports.iter().any(|e| e == EXPORT) {
+        return Err(format!(
+            "the component exports {exports:?}, not the interface {EXPORT}"
+        ));
+    }
     if component
         .windows(b"__wbindgen".len())
         .any(|w| w == b"__wbindgen")
     {
         return Err("the component contains a __wbindgen import: wasm-bindgen leaked into the component build".into());
     }
-    println!("component imports: {imports:?}");
+    println!("component imports: {imports:?}; exports: {exports:?}");
     Ok(())
 }

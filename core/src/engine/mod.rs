@@ -13,6 +13,7 @@ pub mod config;
 mod context;
 mod delivery;
 pub mod effect;
+pub mod group;
 mod idempotency;
 mod keyspace;
 pub mod limits;
@@ -62,6 +63,33 @@ pub enum Caller {
     /// The relay's operator (a local admin interface, never the public port).
     Operator,
 }
+
+/// Why a store cannot be opened: [`Engine::open_store`]'s refusal, typed so a host can tell
+/// a store it must not serve (newer, unreadable) from a storage fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpenError {
+    /// The store was written by a newer relay, at this schema version.
+    Newer(u64),
+    /// The stored schema version is not a number.
+    Unreadable,
+    /// The host's storage failed.
+    Storage(String),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Newer(v) => write!(
+                f,
+                "this data was written by a newer relay (schema version {v}; this relay reads up to {SCHEMA_VERSION}): run that version, or restore a backup made by this one"
+            ),
+            OpenError::Unreadable => f.write_str("the stored schema version is unreadable"),
+            OpenError::Storage(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
 
 /// The answer to one call: a result object or a protocol error, and effects.
 ///
@@ -176,30 +204,33 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
 
     /// Checks the store's schema version before anything else reads it: records the current
     /// one in a new store, and refuses a store written by a newer relay with a clear message.
-    pub fn open_store(&mut self) -> Result<(), String> {
+    pub fn open_store(&mut self) -> Result<(), OpenError> {
         let key = keyspace::schema();
         let held = self
             .store
             .get(&key)
-            .map_err(|e| format!("reading the schema version: {e}"))?;
+            .map_err(|e| OpenError::Storage(format!("reading the schema version: {e}")))?;
         match held {
             None => self
                 .store
                 .commit(vec![(key, Some(SCHEMA_VERSION.to_string().into_bytes()))])
-                .map_err(|e| format!("recording the schema version: {e}")),
+                .map_err(|e| OpenError::Storage(format!("recording the schema version: {e}"))),
             Some(bytes) => {
                 let v: u64 = std::str::from_utf8(&bytes)
                     .ok()
                     .and_then(|s| s.parse().ok())
-                    .ok_or("the stored schema version is unreadable")?;
+                    .ok_or(OpenError::Unreadable)?;
                 if v > SCHEMA_VERSION {
-                    return Err(format!(
-                        "this data was written by a newer relay (schema version {v}; this relay reads up to {SCHEMA_VERSION}): run that version, or restore a backup made by this one"
-                    ));
+                    return Err(OpenError::Newer(v));
                 }
                 Ok(())
             }
         }
+    }
+
+    /// The storage the engine runs over (a host's group commit opens and flushes it here).
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
     }
 
     /// Gives the engine the host's native hashing and verification (its memories start over).
