@@ -204,8 +204,7 @@ pub(crate) fn next_wake<S: Storage>(store: &mut S) -> Result<Option<u64>, Storag
             .into_iter()
             .next()
         {
-            let s = String::from_utf8_lossy(&key);
-            if let Some(at) = s.split('/').nth(1).and_then(|t| t.parse::<u64>().ok()) {
+            if let Some(at) = k::index_time(&key) {
                 best = Some(best.map_or(at, |b| b.min(at)));
             }
         }

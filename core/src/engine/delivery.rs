@@ -16,7 +16,7 @@ use super::context::Ctx;
 use super::keyspace as k;
 use super::metrics::Counters;
 use super::receive::Incoming;
-use super::records::{ErrorRec, PeerRec, SendRec, TaskRec, TaskState};
+use super::records::{ErrorRec, SendRec, TaskRec, TaskState};
 use super::status::{accepted_at_if_target_accepted, Status};
 use super::storage::Storage;
 use super::{Effect, Entropy, Outcome, PeerMethod};
@@ -93,35 +93,18 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// A task record, or none when it cannot be decoded: work on other tasks (a destination
     /// coming back, a freed slot) goes on around a bad record, which the tick that
     /// reaches its due entry quarantines. A store fault is still the operation's failure.
-    fn task_or_skip(&mut self, id: &str) -> Result<Option<TaskRec>, Error> {
+    pub(crate) fn task_or_skip(&mut self, id: &str) -> Result<Option<TaskRec>, Error> {
         let Some(bytes) = self.txn.get_raw(&k::task(id))? else {
             return Ok(None);
         };
         Ok(serde_json::from_slice(&bytes).ok())
     }
 
-    fn save_task(&mut self, id: &str, t: &TaskRec) {
+    pub(crate) fn save_task(&mut self, id: &str, t: &TaskRec) {
         self.txn.put(k::task(id), t);
     }
 
-    fn peer(&mut self, relay: &str) -> Result<PeerRec, Error> {
-        Ok(self.txn.get(&k::destination(relay))?.unwrap_or_default())
-    }
-
-    fn save_peer(&mut self, relay: &str, p: &PeerRec) {
-        self.txn.put(k::destination(relay), p);
-    }
-
-    /// Moves the task's due entry from its old time to `t.next_at` (or removes it when done).
-    fn reindex(&mut self, id: &str, old_next: u64, t: &TaskRec) {
-        self.txn.delete(k::due(old_next, id));
-        if t.state != TaskState::Done {
-            self.txn.put_raw(k::due(t.next_at, id), Vec::new());
-        }
-        self.rescheduled = true;
-    }
-
-    fn is_local(&self, t: &TaskRec) -> bool {
+    pub(crate) fn is_local(&self, t: &TaskRec) -> bool {
         t.target == self.cfg.relay.as_str()
     }
 
@@ -151,7 +134,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// Makes the next attempt of a task that is due, or ends it at its deadline.
-    fn launch(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+    pub(crate) fn launch(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
         let old_next = t.next_at;
         if t.outage {
             // It leaves the waiting state: no longer one to bring forward.
@@ -213,7 +196,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// Local delivery: the receiving rules run here, as the delivery's step.
-    fn deliver_locally(
+    pub(crate) fn deliver_locally(
         &mut self,
         id: &str,
         mut t: TaskRec,
@@ -246,7 +229,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// Ends a task; its status never changes afterwards.
-    fn end_task(
+    pub(crate) fn end_task(
         &mut self,
         id: &str,
         mut t: TaskRec,
@@ -295,7 +278,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         Ok(())
     }
 
-    fn deadline_exceeded(&mut self, id: &str, t: TaskRec) -> Result<(), Error> {
+    pub(crate) fn deadline_exceeded(&mut self, id: &str, t: TaskRec) -> Result<(), Error> {
         let mut data = Object::new();
         // A task that never made an attempt saw no error and has no unknown outcome.
         let last = match &t.last_error {
@@ -314,62 +297,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.end_task(id, t, Status::Failed, None, Some(e))
     }
 
-    /// Backoff after the `failures`-th failure: full jitter in [retry_initial, min(retry_max, retry_initial * 2^(failures-1))].
-    fn backoff(&mut self, failures: u32) -> Result<u64, Error> {
-        let p = &self.cfg.policies;
-        let (initial, max) = (
-            p.retry_initial.max(1),
-            p.retry_max.max(p.retry_initial.max(1)),
-        );
-        let window = initial
-            .saturating_mul(1u64 << failures.saturating_sub(1).min(40))
-            .min(max);
-        let span = window - initial;
-        let r = self.jitter()?;
-        Ok(initial + if span == 0 { 0 } else { r % (span + 1) })
-    }
-
-    /// The next value of the seeded jitter generator kept in storage (SplitMix64).
-    fn jitter(&mut self) -> Result<u64, Error> {
-        let state: u64 = match self.txn.get::<u64>(&k::rng())? {
-            Some(s) => s,
-            None => u64::from_le_bytes(self.random::<8>()),
-        };
-        let next = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        self.txn.put(k::rng(), &next);
-        let mut z = next;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Ok(z ^ (z >> 31))
-    }
-
-    /// Schedules a retry after a failure, no earlier than `not_before`, never past the deadline.
-    fn retry_later(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
-        t.failures += 1;
-        let wait = self.backoff(t.failures)?;
-        self.retry_after(id, t, wait)
-    }
-
-    /// Schedules a retry `wait` from now, no earlier than `not_before`, never past the deadline.
-    fn retry_after(&mut self, id: &str, mut t: TaskRec, wait: u64) -> Result<(), Error> {
-        let old_next = t.next_at;
-        let at = self
-            .now
-            .saturating_add(wait)
-            .max(t.not_before)
-            .min(t.deadline);
-        t.state = TaskState::Waiting;
-        t.next_at = at;
-        if t.outage {
-            self.txn.put_raw(k::outage(&t.target, id), Vec::new());
-        }
-        self.reindex(id, old_next, &t);
-        self.save_task(id, &t);
-        Ok(())
-    }
-
     /// Points the task at a new target designated by a route of higher revision, and attempts at once.
-    fn switch_target(
+    pub(crate) fn switch_target(
         &mut self,
         id: &str,
         mut t: TaskRec,
@@ -396,7 +325,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// A valid route for the task's recipient of higher revision than its target's, found in `data.route` or held.
-    fn higher_route(
+    pub(crate) fn higher_route(
         &mut self,
         t: &TaskRec,
         candidate: Option<&Value>,
@@ -417,7 +346,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// Reacts to an explicit error answer (or a local rejection).
-    fn on_error(
+    pub(crate) fn on_error(
         &mut self,
         id: &str,
         mut t: TaskRec,
@@ -462,33 +391,6 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 self.retry_later(id, t)
             }
         }
-    }
-
-    /// Frees one in-flight slot at `relay` and starts the oldest parked task there.
-    fn release_slot(&mut self, relay: &str) -> Result<(), Error> {
-        let mut peer = self.peer(relay)?;
-        peer.in_flight = peer.in_flight.saturating_sub(1);
-        self.save_peer(relay, &peer);
-        let prefix = k::parked_at(relay);
-        if let Some((key, _)) = self
-            .txn
-            .scan(&prefix, &k::prefix_end(&prefix), 1)?
-            .into_iter()
-            .next()
-        {
-            self.txn.delete(key.clone());
-            let id = String::from_utf8_lossy(&key)
-                .rsplit('/')
-                .next()
-                .unwrap_or("")
-                .to_string();
-            if let Some(t) = self.task_or_skip(&id)? {
-                if t.state == TaskState::Parked {
-                    return self.launch(&id, t);
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Handles the outcome of attempt `attempt` of `task`; stale or duplicate outcomes change nothing.
@@ -579,7 +481,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// An attempt whose outcome was never learned: retry the same target, unchanged.
-    fn unknown(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+    pub(crate) fn unknown(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
         t.last_error = Some("result_unknown".to_string());
         if !t.want_route_get {
             t.uncertain = true;
@@ -593,7 +495,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// backoff, and goes again within `retry_initial`. Otherwise the destination is counted
     /// down and the task backs off by its own count, in the outage index to come forward
     /// when the destination is back.
-    fn outage_retry(&mut self, id: &str, mut t: TaskRec, code: &str) -> Result<(), Error> {
+    pub(crate) fn outage_retry(
+        &mut self,
+        id: &str,
+        mut t: TaskRec,
+        code: &str,
+    ) -> Result<(), Error> {
         let peer = self.peer(&t.target)?;
         if peer.back_at.is_some_and(|back| t.sent_at <= back) {
             t.outage = false;
@@ -604,175 +511,5 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.note_peer_failure(&target, code)?;
         t.outage = true;
         self.retry_later(id, t)
-    }
-
-    /// One more (or one fewer) delivery pending at `relay`, for the operator's metrics.
-    fn count_pending(&mut self, relay: &str, more: bool) -> Result<(), Error> {
-        let mut p = self.peer(relay)?;
-        p.pending = if more {
-            p.pending.saturating_add(1)
-        } else {
-            p.pending.saturating_sub(1)
-        };
-        self.save_peer(relay, &p);
-        Ok(())
-    }
-
-    /// Counts a failure at a destination (for the operator, and to know when it is back).
-    fn note_peer_failure(&mut self, relay: &str, code: &str) -> Result<(), Error> {
-        let mut p = self.peer(relay)?;
-        p.consecutive_failures = p.consecutive_failures.saturating_add(1);
-        p.last_error = Some(code.to_string());
-        self.save_peer(relay, &p);
-        Ok(())
-    }
-
-    /// A destination showed it is alive: the first batch of its outage tasks comes forward.
-    pub(crate) fn peer_is_back(&mut self, relay: &str) -> Result<(), Error> {
-        let mut p = self.peer(relay)?;
-        let was_down = p.consecutive_failures > 0;
-        p.consecutive_failures = 0;
-        p.last_success_at = Some(self.now);
-        if was_down {
-            p.back_at = Some(self.now);
-        }
-        self.save_peer(relay, &p);
-        if was_down {
-            self.revive_step(relay)?;
-        }
-        Ok(())
-    }
-
-    /// Brings up to `revive_batch` of `relay`'s outage tasks forward to now (no earlier than
-    /// their retry_after), and schedules the next step if more remain.
-    fn revive_step(&mut self, relay: &str) -> Result<(), Error> {
-        let prefix = k::outages_at(relay);
-        let batch = self.cfg.revive_batch.max(1);
-        let rows = self.txn.scan(&prefix, &k::prefix_end(&prefix), batch + 1)?;
-        let more = rows.len() > batch;
-        for (key, _) in rows.into_iter().take(batch) {
-            self.txn.delete(key.clone());
-            let Some(id) = k::outage_task(&key, relay).map(str::to_string) else {
-                continue;
-            };
-            if let Some(mut t) = self.task_or_skip(&id)? {
-                let at = self.now.max(t.not_before).min(t.deadline);
-                if t.state == TaskState::Waiting && t.outage {
-                    let old = t.next_at;
-                    t.outage = false;
-                    t.next_at = t.next_at.min(at);
-                    self.reindex(&id, old, &t);
-                    self.save_task(&id, &t);
-                }
-            }
-        }
-        if more {
-            let at = self
-                .now
-                .saturating_add(self.cfg.policies.retry_initial.max(1));
-            self.txn.put_raw(k::revive(at, relay), Vec::new());
-            self.rescheduled = true;
-        }
-        Ok(())
-    }
-
-    /// Runs what is due: expiry, attempts, attempt timeouts, deadlines.
-    pub(crate) fn tick(&mut self) -> Result<(), Error> {
-        let gc = self
-            .txn
-            .scan(&k::gc_prefix(), &k::gc_until(self.now), self.cfg.tick_batch)?;
-        let route_prefix = k::route("");
-        for (key, _) in gc {
-            let target = k::gc_target(&key).map(<[u8]>::to_vec);
-            self.txn.delete(key);
-            self.rescheduled = true;
-            let Some(target) = target else {
-                continue;
-            };
-            if target.starts_with(&route_prefix) {
-                self.expire_route(&target)?;
-            } else {
-                self.txn.delete(target);
-            }
-        }
-        let revive = self.txn.scan(
-            &k::revive_prefix(),
-            &k::revive_until(self.now),
-            self.cfg.tick_batch,
-        )?;
-        for (key, _) in revive {
-            self.tick_entry = Some(key.clone());
-            let relay = k::revive_relay(&key).map(str::to_string);
-            self.txn.delete(key);
-            self.rescheduled = true;
-            if let Some(relay) = relay {
-                self.revive_step(&relay)?;
-            }
-        }
-        let due = self.txn.scan(
-            &k::due_prefix(),
-            &k::due_until(self.now),
-            self.cfg.tick_batch,
-        )?;
-        for (key, _) in due {
-            self.tick_entry = Some(key.clone());
-            let id = String::from_utf8_lossy(&key)
-                .rsplit('/')
-                .next()
-                .unwrap_or("")
-                .to_string();
-            let Some(t) = self.txn.get::<TaskRec>(&k::task(&id))? else {
-                self.txn.delete(key);
-                self.rescheduled = true;
-                continue;
-            };
-            if k::tail_number(&key[..key.len() - id.len() - 1]) != Some(t.next_at) {
-                // A stale index entry (the task moved); drop it.
-                self.txn.delete(key);
-                self.rescheduled = true;
-                continue;
-            }
-            match t.state {
-                TaskState::Done => {}
-                TaskState::InFlight => {
-                    Counters::bump(&mut self.counts.attempts, "timeout");
-                    let target = t.target.clone();
-                    self.release_slot(&target)?;
-                    let t = self.txn.get::<TaskRec>(&k::task(&id))?.unwrap_or(t);
-                    if self.now >= t.deadline {
-                        let mut t = t;
-                        t.last_error = Some("result_unknown".to_string());
-                        self.deadline_exceeded(&id, t)?;
-                    } else {
-                        self.unknown(&id, t)?;
-                    }
-                }
-                TaskState::Parked => {
-                    if self.now >= t.deadline {
-                        self.txn.delete(k::parked(&t.target, t.park_order, &id));
-                        self.deadline_exceeded(&id, t)?;
-                    }
-                }
-                TaskState::Waiting => self.launch(&id, t)?,
-            }
-        }
-        self.tick_entry = None;
-        Ok(())
-    }
-
-    /// Sets aside an index entry a tick could not process: the entry leaves its index (so
-    /// later ticks go on), and a quarantine record keeps it, with the error, for the operator.
-    pub(crate) fn quarantine(&mut self, entry: &[u8], error: &Error) -> Result<Value, Error> {
-        self.txn.delete(entry.to_vec());
-        let mut rec = Object::new();
-        rec.insert("entry", String::from_utf8_lossy(entry).into_owned());
-        rec.insert("code", error.code.as_str());
-        rec.insert("message", error.message.as_str());
-        rec.insert("at", self.now);
-        let value = Value::Object(rec);
-        self.txn
-            .put_raw(k::quarantine(entry), canonical::to_vec(&value));
-        self.rescheduled = true;
-        Ok(value)
     }
 }

@@ -126,6 +126,19 @@ pub(crate) fn task(task: &str) -> Vec<u8> {
 pub(crate) fn due(at: u64, task: &str) -> Vec<u8> {
     key(&[b"due/", &pad(at), b"/", task.as_bytes()])
 }
+/// The task of a [`due`] key.
+pub(crate) fn due_task(key: &[u8]) -> Option<&str> {
+    after_time(key, b"due/")
+}
+/// The time of an index key that starts with a fixed-width time (`due/`, `gc/`, `revive/`).
+pub(crate) fn index_time(key: &[u8]) -> Option<u64> {
+    let r = key.get(key.iter().position(|b| *b == b'/')? + 1..)?;
+    let digits = r.get(..20)?;
+    if !digits.iter().all(u8::is_ascii_digit) || r.get(20) != Some(&b'/') {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
 pub(crate) fn due_prefix() -> Vec<u8> {
     b"due/".to_vec()
 }
@@ -156,6 +169,15 @@ pub(crate) fn parked(relay: &str, order: u64, task: &str) -> Vec<u8> {
         b"/",
         task.as_bytes(),
     ])
+}
+/// The task of a [`parked`] key of `relay`.
+pub(crate) fn parked_task<'k>(key: &'k [u8], relay: &str) -> Option<&'k str> {
+    let r = key.strip_prefix(parked_at(relay).as_slice())?;
+    let (digits, r) = r.split_at_checked(20)?;
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(r.strip_prefix(b"/")?).ok()
 }
 pub(crate) fn parked_at(relay: &str) -> Vec<u8> {
     key(&[b"park/", relay.as_bytes(), b"\n"])

@@ -1,0 +1,173 @@
+//! The delivery scheduler: the due index, each task's own backoff (exponential with full
+//! jitter, floored and capped by policy), and the tick that runs what is due.
+
+use super::context::Ctx;
+use super::keyspace as k;
+use super::metrics::Counters;
+use super::records::{TaskRec, TaskState};
+use super::storage::Storage;
+use super::Entropy;
+use crate::wire::canonical;
+use crate::wire::json::{Object, Value};
+use crate::Error;
+
+impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
+    /// Moves the task's due entry from its old time to `t.next_at` (or removes it when done).
+    pub(crate) fn reindex(&mut self, id: &str, old_next: u64, t: &TaskRec) {
+        self.txn.delete(k::due(old_next, id));
+        if t.state != TaskState::Done {
+            self.txn.put_raw(k::due(t.next_at, id), Vec::new());
+        }
+        self.rescheduled = true;
+    }
+
+    /// Backoff after the `failures`-th failure: full jitter in [retry_initial, min(retry_max, retry_initial * 2^(failures-1))].
+    pub(crate) fn backoff(&mut self, failures: u32) -> Result<u64, Error> {
+        let p = &self.cfg.policies;
+        let (initial, max) = (
+            p.retry_initial.max(1),
+            p.retry_max.max(p.retry_initial.max(1)),
+        );
+        let window = initial
+            .saturating_mul(1u64 << failures.saturating_sub(1).min(40))
+            .min(max);
+        let span = window - initial;
+        let r = self.jitter()?;
+        Ok(initial + if span == 0 { 0 } else { r % (span + 1) })
+    }
+
+    /// The next value of the seeded jitter generator kept in storage (SplitMix64).
+    pub(crate) fn jitter(&mut self) -> Result<u64, Error> {
+        let state: u64 = match self.txn.get::<u64>(&k::rng())? {
+            Some(s) => s,
+            None => u64::from_le_bytes(self.random::<8>()),
+        };
+        let next = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        self.txn.put(k::rng(), &next);
+        let mut z = next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Ok(z ^ (z >> 31))
+    }
+
+    /// Schedules a retry after a failure, no earlier than `not_before`, never past the deadline.
+    pub(crate) fn retry_later(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
+        t.failures += 1;
+        let wait = self.backoff(t.failures)?;
+        self.retry_after(id, t, wait)
+    }
+
+    /// Schedules a retry `wait` from now, no earlier than `not_before`, never past the deadline.
+    pub(crate) fn retry_after(&mut self, id: &str, mut t: TaskRec, wait: u64) -> Result<(), Error> {
+        let old_next = t.next_at;
+        let at = self
+            .now
+            .saturating_add(wait)
+            .max(t.not_before)
+            .min(t.deadline);
+        t.state = TaskState::Waiting;
+        t.next_at = at;
+        if t.outage {
+            self.txn.put_raw(k::outage(&t.target, id), Vec::new());
+        }
+        self.reindex(id, old_next, &t);
+        self.save_task(id, &t);
+        Ok(())
+    }
+
+    /// Runs what is due: expiry, attempts, attempt timeouts, deadlines.
+    pub(crate) fn tick(&mut self) -> Result<(), Error> {
+        let gc = self
+            .txn
+            .scan(&k::gc_prefix(), &k::gc_until(self.now), self.cfg.tick_batch)?;
+        let route_prefix = k::route("");
+        for (key, _) in gc {
+            let target = k::gc_target(&key).map(<[u8]>::to_vec);
+            self.txn.delete(key);
+            self.rescheduled = true;
+            let Some(target) = target else {
+                continue;
+            };
+            if target.starts_with(&route_prefix) {
+                self.expire_route(&target)?;
+            } else {
+                self.txn.delete(target);
+            }
+        }
+        let revive = self.txn.scan(
+            &k::revive_prefix(),
+            &k::revive_until(self.now),
+            self.cfg.tick_batch,
+        )?;
+        for (key, _) in revive {
+            self.tick_entry = Some(key.clone());
+            let relay = k::revive_relay(&key).map(str::to_string);
+            self.txn.delete(key);
+            self.rescheduled = true;
+            if let Some(relay) = relay {
+                self.revive_step(&relay)?;
+            }
+        }
+        let due = self.txn.scan(
+            &k::due_prefix(),
+            &k::due_until(self.now),
+            self.cfg.tick_batch,
+        )?;
+        for (key, _) in due {
+            self.tick_entry = Some(key.clone());
+            let id = k::due_task(&key).unwrap_or("").to_string();
+            let Some(t) = self.txn.get::<TaskRec>(&k::task(&id))? else {
+                self.txn.delete(key);
+                self.rescheduled = true;
+                continue;
+            };
+            if k::tail_number(&key[..key.len() - id.len() - 1]) != Some(t.next_at) {
+                // A stale index entry (the task moved); drop it.
+                self.txn.delete(key);
+                self.rescheduled = true;
+                continue;
+            }
+            match t.state {
+                TaskState::Done => {}
+                TaskState::InFlight => {
+                    Counters::bump(&mut self.counts.attempts, "timeout");
+                    let target = t.target.clone();
+                    self.release_slot(&target)?;
+                    let t = self.txn.get::<TaskRec>(&k::task(&id))?.unwrap_or(t);
+                    if self.now >= t.deadline {
+                        let mut t = t;
+                        t.last_error = Some("result_unknown".to_string());
+                        self.deadline_exceeded(&id, t)?;
+                    } else {
+                        self.unknown(&id, t)?;
+                    }
+                }
+                TaskState::Parked => {
+                    if self.now >= t.deadline {
+                        self.txn.delete(k::parked(&t.target, t.park_order, &id));
+                        self.deadline_exceeded(&id, t)?;
+                    }
+                }
+                TaskState::Waiting => self.launch(&id, t)?,
+            }
+        }
+        self.tick_entry = None;
+        Ok(())
+    }
+
+    /// Sets aside an index entry a tick could not process: the entry leaves its index (so
+    /// later ticks go on), and a quarantine record keeps it, with the error, for the operator.
+    pub(crate) fn quarantine(&mut self, entry: &[u8], error: &Error) -> Result<Value, Error> {
+        self.txn.delete(entry.to_vec());
+        let mut rec = Object::new();
+        rec.insert("entry", String::from_utf8_lossy(entry).into_owned());
+        rec.insert("code", error.code.as_str());
+        rec.insert("message", error.message.as_str());
+        rec.insert("at", self.now);
+        let value = Value::Object(rec);
+        self.txn
+            .put_raw(k::quarantine(entry), canonical::to_vec(&value));
+        self.rescheduled = true;
+        Ok(value)
+    }
+}
