@@ -20,7 +20,8 @@ const preverified = workerData.preverify && base?.verifyEd25519 ? new Preverifie
 const crypto = preverified ? { ...base, verifyEd25519: preverified.wrap(base.verifyEd25519) } : undefined;
 
 const log = new Log({ format: workerData.logFormat ?? 'text' });
-const relay = await createRelay({ ...workerData, crypto, log });
+// The first tick waits for the transports to listen (`listening`).
+const relay = await createRelay({ ...workerData, crypto, log, holdTicks: true });
 for (const event of ['notify', 'end_device_sessions']) relay.on(event, (data) => parentPort.postMessage({ event, data }));
 
 /** Answers waiting to cross: those a commit group releases together cross in one message. */
@@ -54,6 +55,7 @@ const ops = {
   message: (token, text, origin) => relay.message(token, text, origin),
   stats: () => ({ coreCalls: relay.coreCalls, preverified: preverified?.hits ?? 0 }),
   ready: () => relay.ready(),
+  listening: () => relay.listening(),
   metrics: () => relay.metricsText(),
 };
 

@@ -88,6 +88,11 @@ export class RelayThread extends EventEmitter {
     return this.#call('handle', [{ ...req, body }], sending, [body.buffer]);
   }
 
+  /** The transports listen: the relay on the thread runs its first tick (held until now). */
+  listening() {
+    return this.#call('listening', []);
+  }
+
   /** Same as `Relay.message`. */
   message(token, text, origin = null) {
     return this.#call('message', [token, text, origin]);

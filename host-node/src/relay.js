@@ -162,8 +162,16 @@ export class Relay extends EventEmitter {
     core.onRecover = () => this.#schedule(Date.now());
     core.onCommitFailed = () => this.#retrySoon();
     // The first tick (which arms the timer) on the next turn: whoever serves this relay
-    // listens by then, so a peer fetching its key to authenticate a retry finds it.
-    this.#schedule(Date.now());
+    // listens by then, so a peer fetching its key to authenticate a retry finds it. On a
+    // relay thread the transports listen on another thread, later: the thread holds the
+    // first tick until they say so (`listening`), or a peer's key fetch made meanwhile fails
+    // and is remembered for a minute, refusing every retry until then.
+    if (!info.holdTicks) this.#schedule(Date.now());
+  }
+
+  /** The transports listen: the first tick runs (once), which arms the timer. */
+  listening() {
+    if (!this.timer) this.#schedule(Date.now());
   }
 
   /**
@@ -509,5 +517,6 @@ export async function createRelay(opts) {
     allowPrivatePeers: opts.allowPrivatePeers,
     ca: opts.ca,
     serveOptions: Object.fromEntries(SERVE_OPTIONS.filter((k) => opts[k] !== undefined).map((k) => [k, opts[k]])),
+    holdTicks: opts.holdTicks === true,
   });
 }

@@ -540,6 +540,8 @@ export async function serve(relay, opts = {}) {
     admin.close();
     throw e;
   }
+  // A relay thread held its first tick until its key can be fetched here.
+  await relay.listening?.();
   return {
     server,
     port: /** @type {import('node:net').AddressInfo} */ (server.address()).port,
