@@ -249,6 +249,8 @@ export class Relay extends EventEmitter {
   call(caller: Caller, method: string, params: string | object): Reply;
   /** Calls a method in a commit group: concurrent calls share one durable transaction; resolves after it commits. */
   callGrouped(caller: Caller, method: string, params: string | object): Promise<Reply>;
+  /** The transports listen (`serve` calls it): the first tick runs if it has not yet. */
+  listening(): void;
   /**
    * A request read whole, answered by the core (routing, the operator gate, relay
    * authentication with its key fetches): the answer to write as it is, or the session a
@@ -280,6 +282,8 @@ export function createRelay(opts: RelayOptions): Promise<Relay>;
 export class RelayThread extends EventEmitter {
   /** Starts one; the options are plain data (`storage` is 'sqlite' or 'memory'). */
   static start(opts: RelayOptions & { storage?: 'sqlite' | 'memory' }): Promise<RelayThread>;
+  /** The transports listen (`serve` calls it): the relay on the thread runs its first tick, held until now. */
+  listening(): Promise<void>;
   /** This relay's /.well-known/relay document. */
   readonly wellKnown: string;
   readonly maxRequestBytes: number;
