@@ -9,13 +9,15 @@ import path from 'node:path';
 import { createRelay } from '../src/index.js';
 import { register, message, as, texts } from './helpers.js';
 
-const b = (s) => Buffer.from(s);
-
-test('grouped calls answer after one commit, and a failed commit answers internal for all', async () => {
+/** A relay over SQLite in a scratch directory (so its calls group), with two accounts. */
+async function sqliteRelay() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-group-'));
   const relay = await createRelay({ relay: 'http://127.0.0.1:1', data: dir, policies: { send_rate: 0 } });
-  const alice = register(relay);
-  const bob = register(relay);
+  return { dir, relay, alice: register(relay), bob: register(relay) };
+}
+
+test('grouped calls answer after one commit, and a failed commit answers internal for all', async () => {
+  const { dir, relay, alice, bob } = await sqliteRelay();
   const ok = await Promise.all([1, 2, 3].map((i) => relay.callGrouped(as(alice), 'message.send', message(alice, bob, `m${i}`))));
   assert.deepEqual(ok.map((r) => r.status), [200, 200, 200]);
   assert.deepEqual(texts(bob).sort(), ['m1', 'm2', 'm3']);
@@ -32,10 +34,7 @@ test('grouped calls answer after one commit, and a failed commit answers interna
 });
 
 test('the calls of one turn reach the database in one commit of the whole group', async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-group-'));
-  const relay = await createRelay({ relay: 'http://127.0.0.1:1', data: dir, policies: { send_rate: 0 } });
-  const alice = register(relay);
-  const bob = register(relay);
+  const { dir, relay, alice, bob } = await sqliteRelay();
   const commits = [];
   relay.storage.onCommit = (n) => commits.push(n);
   const pending = Promise.all([1, 2, 3, 4].map((i) => relay.callGrouped(as(alice), 'message.send', message(alice, bob, `m${i}`))));
@@ -49,10 +48,7 @@ test('the calls of one turn reach the database in one commit of the whole group'
 });
 
 test('a trap inside a group undoes the whole group: every call of it answers internal, and the relay goes on', async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-group-'));
-  const relay = await createRelay({ relay: 'http://127.0.0.1:1', data: dir, policies: { send_rate: 0 } });
-  const alice = register(relay);
-  const bob = register(relay);
+  const { dir, relay, alice, bob } = await sqliteRelay();
   const first = [1, 2].map((i) => relay.callGrouped(as(alice), 'message.send', message(alice, bob, `m${i}`)));
   relay.core.inner.call = () => {
     throw new WebAssembly.RuntimeError('unreachable');
