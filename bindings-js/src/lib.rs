@@ -246,7 +246,11 @@ fn events_json(events: &[Event], out: &mut Vec<u8>) {
                 }
                 push_str(out, "},\"body\":");
                 write_string(&String::from_utf8_lossy(&p.body), out);
-                push_str(out, &format!(",\"timeout_ms\":{}}}", p.timeout_ms));
+                push_str(out, &format!(",\"timeout_ms\":{}", p.timeout_ms));
+                if let Some(k) = p.shard {
+                    push_str(out, &format!(",\"shard\":{k}"));
+                }
+                out.push(b'}');
             }
             Event::WakeAt(t) => push_str(out, &format!("{{\"type\":\"wake\",\"at\":{t}}}")),
             Event::Notify {
@@ -341,6 +345,45 @@ fn step_line(key: &str, value: &relay_core::wire::json::Value) -> Vec<u8> {
 }
 
 /// What a host saw of an exchange: `status` >= 0 an answer with `body`, -1 never sent, else unknown.
+/// A request from `handle`'s arguments (`headers` is `name\nvalue\n` per header).
+fn request_of(
+    admin: bool,
+    method: String,
+    path: String,
+    query: String,
+    headers: &str,
+    body: Vec<u8>,
+    origin: Option<String>,
+) -> Request {
+    let mut lines = headers.split('\n');
+    let mut pairs = Vec::new();
+    while let (Some(k), Some(v)) = (lines.next(), lines.next()) {
+        pairs.push((k.to_string(), v.to_string()));
+    }
+    Request {
+        listener: if admin {
+            Listener::Admin
+        } else {
+            Listener::Public
+        },
+        method,
+        path,
+        query,
+        headers: pairs,
+        body,
+        origin,
+    }
+}
+
+/// `{"account", "shard"}` of a route a call waits for.
+fn route_wanted(w: &relay_core::transport::RouteWanted) -> relay_core::wire::json::Value {
+    use relay_core::wire::json::{Object, Value};
+    let mut o = Object::new();
+    o.insert("account", w.account.as_str());
+    o.insert("shard", u64::from(w.shard));
+    Value::Object(o)
+}
+
 fn fetch_of(status: i32, body: &[u8]) -> Fetch {
     match status {
         s if s >= 0 => Fetch::Answered(s.min(u16::MAX as i32) as u16, body.to_vec()),
@@ -421,7 +464,8 @@ impl RelayCore {
     /// `requestHeaders` present; `origin` the peer's IP address (none in process). Returns a
     /// line of JSON and, for an answer, its body: `{"status", "headers", "effects"?}\nBODY`,
     /// or `{"fetch": {relay, url}}`, `{"upgrade": {token, account, device_id, expires_at}}`,
-    /// `{"backup": path}`.
+    /// `{"backup": path}`, `{"route": {account, shard}}` (a sharded relay: POST
+    /// `{"account"}` to `/v1/route.get` on that shard, `routeFetched`, then submit again).
     #[allow(clippy::too_many_arguments)]
     pub fn handle(
         &mut self,
@@ -434,24 +478,7 @@ impl RelayCore {
         origin: Option<String>,
         now: f64,
     ) -> Vec<u8> {
-        let mut lines = headers.split('\n');
-        let mut pairs = Vec::new();
-        while let (Some(k), Some(v)) = (lines.next(), lines.next()) {
-            pairs.push((k.to_string(), v.to_string()));
-        }
-        let req = Request {
-            listener: if admin {
-                Listener::Admin
-            } else {
-                Listener::Public
-            },
-            method,
-            path,
-            query,
-            headers: pairs,
-            body,
-            origin,
-        };
+        let req = request_of(admin, method, path, query, headers, body, origin);
         use relay_core::wire::json::{Object, Value};
         match self.relay.handle(&req, now as u64) {
             Step::Respond(r) => response_bytes(&r),
@@ -470,7 +497,31 @@ impl RelayCore {
                 step_line("upgrade", &Value::Object(o))
             }
             Step::Backup { path } => step_line("backup", &Value::from(path.as_str())),
+            Step::FetchRoute(w) => step_line("route", &route_wanted(&w)),
         }
+    }
+
+    /// Reports the `route.get` of a `route` step on the sibling shard: `status` as for
+    /// `fetched`, then the request is submitted again.
+    #[wasm_bindgen(js_name = routeFetched)]
+    pub fn route_fetched(&mut self, account: &str, status: i32, body: &[u8]) {
+        self.relay.route_fetched(account, fetch_of(status, body));
+    }
+
+    /// The shard (of `count`) whose core handles this request: `handle`'s arguments
+    /// without the time. A relay of one shard needs no router.
+    #[wasm_bindgen(js_name = shardOf)]
+    pub fn shard_of(
+        admin: bool,
+        method: String,
+        path: String,
+        query: String,
+        headers: &str,
+        body: Vec<u8>,
+        count: u32,
+    ) -> u32 {
+        let req = request_of(admin, method, path, query, headers, body, None);
+        relay_core::transport::placement::shard_of(&req, count)
     }
 
     /// Reports the GET of a `fetch` step for `relay`: `status` as for `fetched`.
@@ -481,12 +532,21 @@ impl RelayCore {
     }
 
     /// A WebSocket text message of the session `token`: `HEAD\nFRAME`, the answer frame
-    /// after a line that is empty, or `{"close"?: [code, reason], "effects"?: [...]}`.
+    /// after a line that is empty, or `{"close"?: [code, reason], "effects"?: [...]}`; or
+    /// `{"route": {account, shard}}` and no frame: fetch the route as for `handle`'s route
+    /// step, report it with `routeFetched`, and pass the same message again.
     pub fn message(&mut self, token: &str, origin: Option<String>, text: &str, now: f64) -> String {
         let a = self
             .relay
             .message(token, origin.as_deref(), text, now as u64);
         let mut out = Vec::with_capacity(a.text.len() + 2);
+        if let Some(w) = &a.route {
+            // Not answered: it waits for a sibling shard's route (`routeFetched`, then again).
+            push_str(&mut out, "{\"route\":");
+            out.extend_from_slice(&canonical::to_vec(&route_wanted(w)));
+            push_str(&mut out, "}\n");
+            return String::from_utf8(out).unwrap_or_default();
+        }
         if a.close.is_some() || !a.effects.is_empty() {
             out.push(b'{');
             if let Some((code, reason)) = a.close {

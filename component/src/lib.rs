@@ -133,6 +133,7 @@ mod guest {
                     headers: pairs(p.headers),
                     body: p.body,
                     timeout_ms: p.timeout_ms,
+                    shard: p.shard,
                 }),
                 Event::WakeAt(at) => t::Event::WakeAt(at),
                 Event::Notify {
@@ -178,6 +179,28 @@ mod guest {
             headers: pairs(r.headers),
             body: r.body,
             events: events(r.effects),
+        }
+    }
+
+    fn request_of(request: t::HttpRequest) -> Request {
+        Request {
+            listener: match request.listener {
+                t::Listener::Public => Listener::Public,
+                t::Listener::Admin => Listener::Admin,
+            },
+            method: request.method,
+            path: request.path,
+            query: request.query,
+            headers: request.headers,
+            body: request.body,
+            origin: request.origin,
+        }
+    }
+
+    fn route_wanted(w: transport::RouteWanted) -> t::RouteWanted {
+        t::RouteWanted {
+            account: w.account,
+            shard: w.shard,
         }
     }
 
@@ -271,18 +294,7 @@ mod guest {
             Ok(())
         }
         fn handle(request: t::HttpRequest, now: u64) -> t::Step {
-            let req = Request {
-                listener: match request.listener {
-                    t::Listener::Public => Listener::Public,
-                    t::Listener::Admin => Listener::Admin,
-                },
-                method: request.method,
-                path: request.path,
-                query: request.query,
-                headers: request.headers,
-                body: request.body,
-                origin: request.origin,
-            };
+            let req = request_of(request);
             let step = with(
                 |relay| relay.handle(&req, now),
                 || Step::Respond(http::Response::fail(ErrorCode::Internal, NOT_READY)),
@@ -290,6 +302,7 @@ mod guest {
             match step {
                 Step::Respond(r) => t::Step::Respond(response(r)),
                 Step::FetchKey { relay, url } => t::Step::FetchKey(t::KeyFetch { relay, url }),
+                Step::FetchRoute(w) => t::Step::FetchRoute(route_wanted(w)),
                 Step::Upgrade(u) => t::Step::Upgrade(t::Upgrade {
                     token: u.token,
                     account: u.account,
@@ -298,6 +311,12 @@ mod guest {
                 }),
                 Step::Backup { path } => t::Step::Backup(path),
             }
+        }
+        fn route_fetched(account: String, f: t::Fetch) {
+            with(|r| r.route_fetched(&account, fetch(f)), || ())
+        }
+        fn shard_of(request: t::HttpRequest, count: u32) -> u32 {
+            transport::placement::shard_of(&request_of(request), count)
         }
         fn message(token: String, origin: Option<String>, text: String, now: u64) -> t::WsAnswer {
             let a = with(
@@ -310,12 +329,14 @@ mod guest {
                     ),
                     close: None,
                     effects: Vec::new(),
+                    route: None,
                 },
             );
             t::WsAnswer {
                 text: a.text,
                 close: a.close.map(|(code, reason)| (code, reason.to_string())),
                 events: events(a.effects),
+                route: a.route.map(route_wanted),
             }
         }
         fn key_fetched(relay: String, f: t::Fetch, now: u64) {

@@ -48,6 +48,8 @@
 //!         // A relay request from a relay whose key is not known yet: GET the URL,
 //!         // report what came back, and submit the request again.
 //!         Step::FetchKey { relay: peer, url: _ } => relay.key_fetched(&peer, Fetch::NotSent, now),
+//!         // A sharded relay only: ask shard `w.shard` for the route, report, submit again.
+//!         Step::FetchRoute(w) => relay.route_fetched(&w.account, Fetch::NotSent),
 //!         Step::Upgrade(_) => unreachable!("only GET /v1/ws upgrades"),
 //!         Step::Backup { .. } => unreachable!("only the operator asks for backups"),
 //!     }
@@ -57,7 +59,8 @@
 //! // Write `answer.status`, `answer.headers` and `answer.body` as they are, then run its events.
 //! for e in answer.effects {
 //!     match e {
-//!         // POST p.body to p.url with p.headers within p.timeout_ms; report what was seen.
+//!         // POST p.body to p.url with p.headers within p.timeout_ms (or, with p.shard, hand
+//!         // it to that sibling shard's relay); report what was seen.
 //!         Event::Send(p) => {
 //!             let _later = relay.fetched(&p.task, p.attempt, Fetch::Unknown, now);
 //!         }

@@ -601,6 +601,7 @@ pub fn uncommitted_answer(text: &str) -> WsAnswer {
         text: socket::answer_frame(socket::frame_id(text), 500, http::UNCOMMITTED),
         close: None,
         events: Vec::new(),
+        route: None,
     }
 }
 

@@ -389,6 +389,8 @@ async fn serve(
                     .into_response();
             }
             Step::Backup(path) => return backup(&app, path).await,
+            // A relay of one shard never waits for a sibling's route.
+            Step::FetchRoute(_) => return native_response(transport::Response::uncommitted()),
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod live;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use relay_core::client::{draft, random_id, AccountKey, DeviceKey};
+use relay_core::engine::shard::{Shard, SiblingRoute};
 use relay_core::engine::{
     Caller, Config, Effect, Engine, MemoryStore, Outcome, PeerMethod, Response,
 };
@@ -86,6 +87,8 @@ pub struct InFlight {
     pub target: RelayId,
     pub method: PeerMethod,
     pub body: Vec<u8>,
+    /// A sibling shard of the source's own relay, when the request stays inside it.
+    pub shard: Option<u32>,
 }
 
 /// What a test asks of a message it builds.
@@ -109,6 +112,8 @@ pub struct World {
     pub nodes: Vec<Node>,
     pub rng: ChaCha20Rng,
     pub outbox: Vec<InFlight>,
+    /// `route.get` calls made for shards that waited for a sibling's route.
+    pub route_requests: u64,
 }
 
 impl World {
@@ -119,6 +124,7 @@ impl World {
             nodes: Vec::new(),
             rng: ChaCha20Rng::seed_from_u64(seed),
             outbox: Vec::new(),
+            route_requests: 0,
         }
     }
 
@@ -153,6 +159,35 @@ impl World {
         self.relay_with(name, |_| {})
     }
 
+    /// Adds a relay `http://{name}.test` of `count` shards: one node per shard, each an
+    /// engine with storage of its own, all with the relay's id. Returns shard 0's node.
+    pub fn sharded_relay(&mut self, name: &str, count: u32) -> usize {
+        let first = self.nodes.len();
+        for i in 0..count {
+            self.relay_with(name, |c| c.shard = Shard::new(i, count).expect("shard"));
+        }
+        first
+    }
+
+    /// The node of relay `id` that serves `account` (the relay's only node, unsharded).
+    pub fn node_serving(&self, id: &RelayId, account: &str) -> Option<usize> {
+        let mut nodes = self.nodes.iter().enumerate().filter(|(_, n)| &n.id == id);
+        let (first, node) = nodes.next()?;
+        let count = node.config.shard.count;
+        let want = Shard::of_account(account, count);
+        std::iter::once((first, node))
+            .chain(nodes)
+            .find(|(_, n)| n.config.shard.index == want)
+            .map(|(i, _)| i)
+    }
+
+    /// The node of relay `id` that is shard `index`.
+    pub fn shard_node(&self, id: &RelayId, index: u32) -> Option<usize> {
+        self.nodes
+            .iter()
+            .position(|n| &n.id == id && n.config.shard.index == index)
+    }
+
     /// The time on relay `n`'s clock.
     pub fn clock(&self, n: usize) -> u64 {
         (self.now as i64 + self.nodes[n].skew) as u64
@@ -167,6 +202,7 @@ impl World {
                     target,
                     method,
                     body,
+                    shard,
                 } => self.outbox.push(InFlight {
                     source: n,
                     task,
@@ -174,6 +210,7 @@ impl World {
                     target,
                     method,
                     body,
+                    shard,
                 }),
                 Effect::WakeAt(t) => self.nodes[n].wake = Some(t),
                 Effect::Notify {
@@ -194,11 +231,40 @@ impl World {
     }
 
     /// Calls a method with raw bytes.
+    ///
+    /// A call on a shard that waits for a sibling shard's route gets it here as a sharded
+    /// host would (`route.get` on the sibling, reported to the engine) and runs again.
     pub fn call_raw(&mut self, n: usize, caller: &Caller, method: &str, params: &[u8]) -> Response {
-        let now = self.clock(n);
-        let r = self.nodes[n].engine.call(caller, method, params, now);
-        self.absorb(n, r.effects.clone());
-        r
+        let mut asked = 0;
+        loop {
+            let now = self.clock(n);
+            let r = self.nodes[n].engine.call(caller, method, params, now);
+            let Some(account) = self.nodes[n].engine.wanted_route() else {
+                self.absorb(n, r.effects.clone());
+                return r;
+            };
+            assert!(asked < 2, "a call asked for the route of {account} again");
+            asked += 1;
+            self.route_requests += 1;
+            let id = self.nodes[n].id.clone();
+            let answer = match self.node_serving(&id, &account) {
+                Some(sib) => {
+                    let mut p = Object::new();
+                    p.insert("account", account.as_str());
+                    let r = self.call(sib, &Caller::Anonymous, "route.get", &p);
+                    match r.result {
+                        Ok(v) => match field(&v, "route") {
+                            Some(Value::Object(o)) => SiblingRoute::Route(o.clone()),
+                            _ => SiblingRoute::Failed,
+                        },
+                        Err(e) if e.code == relay_core::ErrorCode::NotFound => SiblingRoute::Absent,
+                        Err(_) => SiblingRoute::Failed,
+                    }
+                }
+                None => SiblingRoute::Failed,
+            };
+            self.nodes[n].engine.sibling_route(&account, answer);
+        }
     }
 
     /// Reports an outcome to relay `n`.
@@ -215,14 +281,35 @@ impl World {
         self.absorb(n, effects);
     }
 
-    /// The relay whose id is `id`.
+    /// The relay whose id is `id` (its shard 0 when it is sharded).
     pub fn node_of(&self, id: &RelayId) -> Option<usize> {
         self.nodes.iter().position(|n| &n.id == id)
     }
 
+    /// The node a request goes to: the sibling shard it names, or the shard of its target
+    /// that the router would pick from its params.
+    pub fn target_node(&self, req: &InFlight) -> Option<usize> {
+        if let Some(k) = req.shard {
+            return self.shard_node(&req.target, k);
+        }
+        let first = self.node_of(&req.target)?;
+        let count = self.nodes[first].config.shard.count;
+        let request = relay_core::transport::Request {
+            listener: relay_core::transport::Listener::Public,
+            method: "POST".into(),
+            path: format!("/relay/v1/{}", req.method.as_str()),
+            query: String::new(),
+            headers: Vec::new(),
+            body: req.body.clone(),
+            origin: None,
+        };
+        let k = relay_core::transport::placement::shard_of(&request, count);
+        self.shard_node(&req.target, k)
+    }
+
     /// Carries one request to its target and its answer back (no faults).
     pub fn carry(&mut self, req: InFlight) {
-        let outcome = match self.node_of(&req.target) {
+        let outcome = match self.target_node(&req) {
             Some(t) => {
                 let caller = Caller::Relay(self.nodes[req.source].id.clone());
                 let r = self.call_raw(t, &caller, req.method.as_str(), &req.body);
@@ -288,6 +375,9 @@ impl World {
     /// Registers an account at relay `home` with `devices` devices (device 0 has every permission).
     pub fn account(&mut self, home: usize, devices: usize, discoverable: bool) -> Account {
         let key = AccountKey::generate(&mut self.rng);
+        // On a sharded relay the account's home node is the shard that serves it.
+        let id = self.nodes[home].id.clone();
+        let home = self.node_serving(&id, key.id().as_str()).unwrap_or(home);
         let now = self.clock(home);
         let relay = self.nodes[home].id.as_str().to_string();
         let route = draft::route(NET, &key.id(), &relay, 1, now).sign(&key);

@@ -1059,6 +1059,7 @@ impl Sim {
                     target,
                     method,
                     body,
+                    shard,
                 } => self.outbox.push((
                     InFlight {
                         source: n,
@@ -1067,6 +1068,7 @@ impl Sim {
                         target,
                         method,
                         body,
+                        shard,
                     },
                     clock,
                 )),

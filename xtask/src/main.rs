@@ -6,6 +6,10 @@
 //! that its only imports are the `relay:core` host interface and types, and
 //! that no wasm-bindgen import leaked in. The result is
 //! `target/component/relay_core.wasm`.
+//!
+//! `bindgen` generates the Node host's glue for the wasm-bindgen build of the core
+//! (`relay-wasm`) into `host-node/pkg/`; `bindgen-edge` generates the web-target glue of the
+//! same wasm into `host-edge/pkg/`, for workerd.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -14,9 +18,9 @@ use wasmparser::{Parser, Payload, Validator, WasmFeatures};
 type Result<T> = std::result::Result<T, String>;
 
 /// Imports a relay core component may have; anything else fails the build.
-const ALLOWED_IMPORTS: &[&str] = &["relay:core/host@0.2.0", "relay:core/types@0.2.0"];
+const ALLOWED_IMPORTS: &[&str] = &["relay:core/host@0.3.0", "relay:core/types@0.3.0"];
 /// The interface a relay core component must export: the product's API.
-const EXPORT: &str = "relay:core/relay@0.2.0";
+const EXPORT: &str = "relay:core/relay@0.3.0";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -27,13 +31,14 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("component") => build_component(),
         Some("bindgen") => build_bindgen(),
+        Some("bindgen-edge") => build_bindgen_edge(),
         Some("check-component") => match args.get(1) {
             Some(p) => std::fs::read(p)
                 .map_err(|e| format!("{p}: {e}"))
                 .and_then(|b| check(&b)),
             None => Err("usage: xtask check-component FILE".into()),
         },
-        _ => Err("usage: xtask component | bindgen | check-component FILE".into()),
+        _ => Err("usage: xtask component | bindgen | bindgen-edge | check-component FILE".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -96,11 +101,7 @@ fn build_component() -> Result<()> {
 /// instance of its own that is garbage once dropped (an imported ES module never is).
 fn build_bindgen() -> Result<()> {
     let root = root();
-    let target = build_wasm("relay-wasm")?;
-    let input = target.join("wasm32-unknown-unknown/release/relay_wasm.wasm");
-    let stripped = target.join("wasm32-unknown-unknown/release/relay_wasm.stripped.wasm");
-    let module = std::fs::read(&input).map_err(|e| format!("{}: {e}", input.display()))?;
-    std::fs::write(&stripped, strip_debug(&module)?).map_err(|e| e.to_string())?;
+    let stripped = relay_wasm()?;
     let out = root.join("host-node/pkg");
     let mut b = wasm_bindgen_cli_support::Bindgen::new();
     b.input_path(&stripped)
@@ -120,6 +121,38 @@ fn build_bindgen() -> Result<()> {
         .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
     println!("{}", display(&out));
     build_native(&out)
+}
+
+/// Builds `relay-wasm` for wasm32-unknown-unknown and writes it without DWARF beside itself;
+/// returns the stripped module's path.
+fn relay_wasm() -> Result<PathBuf> {
+    let target = build_wasm("relay-wasm")?;
+    let input = target.join("wasm32-unknown-unknown/release/relay_wasm.wasm");
+    let stripped = target.join("wasm32-unknown-unknown/release/relay_wasm.stripped.wasm");
+    let module = std::fs::read(&input).map_err(|e| format!("{}: {e}", input.display()))?;
+    std::fs::write(&stripped, strip_debug(&module)?).map_err(|e| e.to_string())?;
+    Ok(stripped)
+}
+
+/// Builds `relay-wasm` and generates the web-target glue into `host-edge/pkg/`: an ES module
+/// (`relay_wasm.js`) whose `initSync({module})` takes the `.wasm` as the `WebAssembly.Module`
+/// workerd gives a Worker that imports it, with `__wbg_reset_state()`, which replaces a
+/// trapped instance with a fresh one of the same module (the Node host loads a fresh script
+/// instead; workerd evaluates no code at run time). The same wasm as the Node host's.
+fn build_bindgen_edge() -> Result<()> {
+    let stripped = relay_wasm()?;
+    let out = root().join("host-edge/pkg");
+    let mut b = wasm_bindgen_cli_support::Bindgen::new();
+    b.input_path(&stripped)
+        .out_name("relay_wasm")
+        .web(true)
+        .map_err(|e| format!("wasm-bindgen: {e:#}"))?
+        .reset_state_function(true)
+        .typescript(true);
+    b.generate(&out)
+        .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
+    println!("{}", display(&out));
+    Ok(())
 }
 
 /// Builds the Node host's native crypto addon (`relay-node-native`) into `pkg/relay_native.node`.

@@ -123,6 +123,8 @@ pub struct Config {
     /// A destination back after an outage gets this many of its outage tasks brought
     /// forward at once, and as many again every `retry_initial`.
     pub revive_batch: usize,
+    /// Which shard of the relay this engine is (one shard unless the host shards accounts).
+    pub shard: super::shard::Shard,
 }
 
 impl Config {
@@ -136,6 +138,7 @@ impl Config {
             max_in_flight_per_destination: 16,
             tick_batch: 512,
             revive_batch: 64,
+            shard: super::shard::Shard::SINGLE,
         }
     }
 }
@@ -153,10 +156,12 @@ struct ConfigJson {
     max_in_flight_per_destination: Option<u32>,
     #[serde(default)]
     tick_batch: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shard: Option<super::shard::Shard>,
 }
 
 impl Config {
-    /// Parses `{relay, network, policies?, attempt_timeout?, max_in_flight_per_destination?, tick_batch?}`.
+    /// Parses `{relay, network, policies?, attempt_timeout?, max_in_flight_per_destination?, tick_batch?, shard?: {index, count}}`.
     pub fn from_json(bytes: &[u8]) -> Result<Config, String> {
         let c: ConfigJson = serde_json::from_slice(bytes).map_err(|e| format!("config: {e}"))?;
         let relay = RelayId::parse(&c.relay).map_err(|e| format!("config relay: {e}"))?;
@@ -177,6 +182,10 @@ impl Config {
         if let Some(b) = c.tick_batch {
             cfg.tick_batch = b.max(1);
         }
+        if let Some(s) = c.shard {
+            cfg.shard = super::shard::Shard::new(s.index, s.count)
+                .map_err(|e| format!("config shard: {e}"))?;
+        }
         Ok(cfg)
     }
 
@@ -189,6 +198,7 @@ impl Config {
             attempt_timeout: Some(self.attempt_timeout),
             max_in_flight_per_destination: Some(self.max_in_flight_per_destination),
             tick_batch: Some(self.tick_batch),
+            shard: (self.shard != super::shard::Shard::SINGLE).then_some(self.shard),
         })
         .unwrap_or_default()
     }

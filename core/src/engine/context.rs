@@ -19,6 +19,8 @@ pub(crate) struct Ctx<'a, S: Storage, E: Entropy> {
     pub limiter: &'a mut Limiter,
     /// The engine's hashing and verification, with their memories.
     pub crypto: &'a mut Crypto,
+    /// Routes fetched from sibling shards, and the one this operation may ask for.
+    pub siblings: &'a mut super::shard::Siblings,
     /// The caller's network address as the limits key it ([`super::limits::origin_key`]).
     pub origin: Option<String>,
     pub now: u64,
@@ -38,6 +40,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
         entropy: &'a mut E,
         limiter: &'a mut Limiter,
         crypto: &'a mut Crypto,
+        siblings: &'a mut super::shard::Siblings,
         now: u64,
     ) -> Self {
         Ctx {
@@ -46,6 +49,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             entropy,
             limiter,
             crypto,
+            siblings,
             origin: None,
             now,
             effects: Vec::new(),

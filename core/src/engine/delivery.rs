@@ -104,8 +104,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.txn.put(k::task(id), t);
     }
 
+    /// Whether the task's recipient is served by this engine: this relay, and this shard
+    /// of it (an account of a sibling shard is reached by relay RPC, as another relay is).
     pub(crate) fn is_local(&self, t: &TaskRec) -> bool {
-        t.target == self.cfg.relay.as_str()
+        t.target == self.cfg.relay.as_str() && self.cfg.shard.owns(&t.to)
     }
 
     /// Takes responsibility for a new task and makes its first attempt now.
@@ -183,12 +185,17 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 format!("stored target {target:?}: {e}"),
             )
         })?;
+        // To this relay but not this engine: the host hands it to the sibling shard.
+        let shard = (target_id == self.cfg.relay)
+            .then(|| self.cfg.shard.sibling_of(&t.to))
+            .flatten();
         self.effects.push(Effect::Send {
             task: id.to_string(),
             attempt: t.attempt,
             target: target_id,
             method,
             body,
+            shard,
         });
         self.reindex(id, old_next, &t);
         self.save_task(id, &t);

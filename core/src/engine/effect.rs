@@ -36,6 +36,8 @@ pub enum Effect {
         method: PeerMethod,
         /// The request body, to send byte for byte (every retry sends the same bytes).
         body: Vec<u8>,
+        /// When `target` is this relay: the sibling shard to hand the request to.
+        shard: Option<u32>,
     },
     /// Call `Engine::tick` at (or after) this time; replaces any earlier wake-up request.
     WakeAt(u64),

@@ -57,6 +57,10 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 pub(crate) fn schema() -> Vec<u8> {
     b"meta/schema".to_vec()
 }
+/// Engine metadata: which shard of how many this store is (`"index/count"`).
+pub(crate) fn shard() -> Vec<u8> {
+    b"meta/shard".to_vec()
+}
 /// Engine metadata: the jitter generator's state.
 pub(crate) fn rng() -> Vec<u8> {
     b"meta/rng".to_vec()

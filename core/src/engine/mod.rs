@@ -25,6 +25,7 @@ mod records;
 mod scheduler;
 mod send;
 mod session;
+pub mod shard;
 pub mod status;
 pub mod storage;
 mod timeline;
@@ -74,6 +75,14 @@ pub enum OpenError {
     Newer(u64),
     /// The stored schema version is not a number.
     Unreadable,
+    /// The store belongs to another shard, or to a relay of another shard count: its
+    /// accounts would be served by the wrong engine. Held and asked, as `index/count`.
+    Shard {
+        /// What the store was made as.
+        held: String,
+        /// What this engine was configured as.
+        asked: String,
+    },
     /// The host's storage failed.
     Storage(String),
 }
@@ -86,6 +95,10 @@ impl std::fmt::Display for OpenError {
                 "this data was written by a newer relay (schema version {v}; this relay reads up to {SCHEMA_VERSION}): run that version, or restore a backup made by this one"
             ),
             OpenError::Unreadable => f.write_str("the stored schema version is unreadable"),
+            OpenError::Shard { held, asked } => write!(
+                f,
+                "this data is shard {held} (index/count) and this relay was started as shard {asked}: the shard count is fixed at a relay's first start, since changing it would move accounts between stores; start it with the count it was made with"
+            ),
             OpenError::Storage(e) => f.write_str(e),
         }
     }
@@ -189,6 +202,7 @@ pub struct Engine<S: Storage, E: Entropy> {
     limiter: limits::Limiter,
     counters: metrics::Counters,
     crypto: Crypto,
+    siblings: shard::Siblings,
 }
 
 impl<S: Storage, E: Entropy> Engine<S, E> {
@@ -201,33 +215,61 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             limiter: limits::Limiter::default(),
             counters: metrics::Counters::default(),
             crypto: Crypto::new(),
+            siblings: shard::Siblings::default(),
         }
     }
 
     /// Checks the store's schema version before anything else reads it: records the current
     /// one in a new store, and refuses a store written by a newer relay with a clear message.
+    /// Then its shard: a store is made as one shard of a relay of some count (a store from
+    /// before sharding is shard 0 of 1), and is refused under any other.
     pub fn open_store(&mut self) -> Result<(), OpenError> {
         let key = keyspace::schema();
         let held = self
             .store
             .get(&key)
             .map_err(|e| OpenError::Storage(format!("reading the schema version: {e}")))?;
-        match held {
-            None => self
+        let asked = self.config.shard;
+        let shard_key = keyspace::shard();
+        let Some(bytes) = held else {
+            return self
                 .store
-                .commit(vec![(key, Some(SCHEMA_VERSION.to_string().into_bytes()))])
-                .map_err(|e| OpenError::Storage(format!("recording the schema version: {e}"))),
-            Some(bytes) => {
-                let v: u64 = std::str::from_utf8(&bytes)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or(OpenError::Unreadable)?;
-                if v > SCHEMA_VERSION {
-                    return Err(OpenError::Newer(v));
-                }
-                Ok(())
-            }
+                .commit(vec![
+                    (key, Some(SCHEMA_VERSION.to_string().into_bytes())),
+                    (shard_key, Some(asked.to_meta().into_bytes())),
+                ])
+                .map_err(|e| OpenError::Storage(format!("recording the schema version: {e}")));
+        };
+        let v: u64 = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or(OpenError::Unreadable)?;
+        if v > SCHEMA_VERSION {
+            return Err(OpenError::Newer(v));
         }
+        let stored = self
+            .store
+            .get(&shard_key)
+            .map_err(|e| OpenError::Storage(format!("reading the shard: {e}")))?;
+        let held = match &stored {
+            None => shard::Shard::SINGLE,
+            Some(b) => std::str::from_utf8(b)
+                .ok()
+                .and_then(shard::Shard::from_meta)
+                .ok_or(OpenError::Unreadable)?,
+        };
+        if held != asked {
+            return Err(OpenError::Shard {
+                held: held.to_meta(),
+                asked: asked.to_meta(),
+            });
+        }
+        if stored.is_none() {
+            self.store
+                .commit(vec![(shard_key, Some(asked.to_meta().into_bytes()))])
+                .map_err(|e| OpenError::Storage(format!("recording the shard: {e}")))?;
+        }
+        Ok(())
     }
 
     /// The storage the engine runs over (a host's group commit opens and flushes it here).
@@ -300,6 +342,10 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             cx.dispatch(caller, method, params)
         });
         if let Err(e) = &r.result {
+            if self.siblings.is_wanting() {
+                // Not an answer: the transport fetches the route and submits the call again.
+                return r;
+            }
             if matches!(method, "message.send" | "message.deliver") {
                 metrics::Counters::bump(&mut self.counters.rejected, e.code.as_str());
             }
@@ -308,6 +354,18 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             }
         }
         r
+    }
+
+    /// The account whose route the last call needed from a sibling shard (then that call
+    /// changed nothing): fetch it with `route.get` on [`shard::Shard::of_account`]'s shard,
+    /// report it with [`Engine::sibling_route`], and submit the call again.
+    pub fn wanted_route(&mut self) -> Option<String> {
+        self.siblings.take_wanted()
+    }
+
+    /// Reports what a sibling shard answered to `route.get` for `account`.
+    pub fn sibling_route(&mut self, account: &str, route: shard::SiblingRoute) {
+        self.siblings.put(account, route);
     }
 
     /// Reports what became of an `Effect::Send`.
@@ -450,6 +508,7 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             &mut self.entropy,
             &mut self.limiter,
             &mut self.crypto,
+            &mut self.siblings,
             now,
         );
         let result = op(&mut cx);

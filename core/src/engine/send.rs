@@ -11,6 +11,7 @@ use super::metrics::Counters;
 use super::receive::Incoming;
 use super::records::{AccountRec, Canon, RouteRec, SendRec, TaskRec, TaskState};
 use super::session::{Need, Session};
+use super::shard::SiblingRoute;
 use super::status::{self, Status};
 use super::storage::Storage;
 use super::timeline::Kind;
@@ -196,6 +197,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 self.store_route(&route)?;
             }
         }
+        if self.held_route(to)?.is_none() && self.cfg.shard.sibling_of(to).is_some() {
+            self.learn_sibling_route(to)?;
+        }
         let held = self.held_route(to)?.ok_or_else(|| {
             Error::new(
                 ErrorCode::NotFound,
@@ -204,6 +208,40 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         })?;
         self.touch_route(to, held.clone());
         Ok(Some(held))
+    }
+
+    /// A recipient of a sibling shard whose route this shard does not hold: the route that
+    /// shard holds is learned as a `recipient_route` would be, so a sharded relay knows every
+    /// route a relay of one shard would. Without the sibling's answer yet, the call asks for
+    /// it (and changes nothing); the transport fetches it and submits the call again.
+    fn learn_sibling_route(&mut self, to: &str) -> Result<(), Error> {
+        match self.siblings.take(to) {
+            None => {
+                self.siblings.want(to);
+                Err(Error::new(
+                    ErrorCode::Unavailable,
+                    "the recipient's route is held by another shard of this relay; retry",
+                ))
+            }
+            Some(SiblingRoute::Route(r)) => {
+                let route = self.verified_route(r, "route")?;
+                if route.account.as_str() == to {
+                    self.store_route(&route)?;
+                }
+                Ok(())
+            }
+            // The shard that would hold it holds none: not found, as in one shard.
+            Some(SiblingRoute::Absent) => Ok(()),
+            Some(SiblingRoute::Failed) => {
+                let mut d = Object::new();
+                d.insert("retry_after", 1000u64);
+                Err(Error::new(
+                    ErrorCode::Unavailable,
+                    "the shard holding the recipient's route did not answer; retry",
+                )
+                .with_data(Value::Object(d)))
+            }
+        }
     }
 
     /// Self-delivery: the receiving rules at once (1: home, checked; 2 and 3: checked; 5),

@@ -86,7 +86,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.txn.put_raw(nonce_key.clone(), Vec::new());
         self.expire_at(s.ts.saturating_add(tol).saturating_add(1), &nonce_key);
 
-        let token = base64url::encode(&self.random::<32>());
+        // A sharded relay's tokens name their shard, so its router needs no lookup.
+        let mut token = self.cfg.shard.token_prefix().unwrap_or_default();
+        token.push_str(&base64url::encode(&self.random::<32>()));
         let hash = token_hash(&token);
         let mut expires_at = s.ts.saturating_add(self.cfg.policies.session_ttl);
         if let Some(e) = device.expires_at {

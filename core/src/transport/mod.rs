@@ -15,6 +15,7 @@ pub mod http;
 pub mod keys;
 pub mod method;
 pub mod outbound;
+pub mod placement;
 pub mod socket;
 
 pub use http::{Listener, Request, Response};
@@ -22,6 +23,7 @@ pub use method::{Door, Method};
 pub use outbound::{Fetch, PeerRequest};
 pub use socket::{Answer, Upgrade};
 
+use crate::engine::shard::{Shard, SiblingRoute};
 use crate::engine::{self, Caller, Effect, Engine, Entropy, Storage};
 use crate::wire::canonical;
 use crate::wire::digest;
@@ -93,6 +95,11 @@ pub enum Step {
         /// Its `/.well-known/relay`.
         url: String,
     },
+    /// POST `{"account": account}` to `/v1/route.get` on sibling shard `shard` of this relay
+    /// (a public request to that shard's engine), report its answer with
+    /// [`Relay::route_fetched`], then submit the same request again. Only a sharded relay
+    /// asks this: a send to an account of another shard whose route this shard holds none of.
+    FetchRoute(RouteWanted),
     /// Accept the WebSocket upgrade; the socket belongs to this session.
     Upgrade(Upgrade),
     /// The operator asked for a backup: write a consistent copy of the storage to `path`
@@ -101,6 +108,15 @@ pub enum Step {
         /// Where to write it.
         path: String,
     },
+}
+
+/// A route a call waits for: `account`'s, held by sibling shard `shard`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteWanted {
+    /// The account whose route is needed.
+    pub account: String,
+    /// The shard of this relay that serves it.
+    pub shard: u32,
 }
 
 /// What a tick did.
@@ -197,7 +213,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                         Some(t) => Caller::Session(t.to_string()),
                         None => Caller::Anonymous,
                     };
-                    Step::Respond(self.call(&caller, req.origin.as_deref(), m, &req.body, now))
+                    self.call_step(&caller, req.origin.as_deref(), m, &req.body, now)
                 }
                 Err(e) => Step::Respond(Response::error(&e)),
             },
@@ -281,17 +297,27 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         };
         let source = checked.source.clone();
         let mut refused: Option<Error> = None;
+        // A sibling shard of this relay signs with this relay's key: nothing to fetch.
+        let own = source == self.engine.config().relay;
         loop {
-            match self.keys.lookup(source.as_str(), refused.is_some(), now) {
+            let lookup = if own {
+                match refused {
+                    None => Lookup::Key(self.public),
+                    Some(_) => Lookup::None,
+                }
+            } else {
+                self.keys.lookup(source.as_str(), refused.is_some(), now)
+            };
+            match lookup {
                 Lookup::Key(key) => match self.engine.authenticate_relay(&checked, &key, now) {
                     Ok(source) => {
-                        return Step::Respond(self.call(
+                        return self.call_step(
                             &Caller::Relay(source),
                             req.origin.as_deref(),
                             method,
                             &req.body,
                             now,
-                        ))
+                        )
                     }
                     // Under the cached key it failed: a newer key may have been published.
                     Err(e) if refused.is_none() => refused = Some(e),
@@ -338,6 +364,49 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         self.keys.fetched(relay, key, now);
     }
 
+    /// Reports what became of a [`Step::FetchRoute`] for `account` (every one the host
+    /// started): the sibling's `route.get` answer, or that it could not be asked.
+    pub fn route_fetched(&mut self, account: &str, fetch: Fetch) {
+        let route = match fetch {
+            Fetch::Answered(200, body) => match json::parse_object(&body) {
+                Ok(mut o) => match o.remove("route") {
+                    Some(Value::Object(r)) => SiblingRoute::Route(r),
+                    _ => SiblingRoute::Failed,
+                },
+                Err(_) => SiblingRoute::Failed,
+            },
+            Fetch::Answered(404, _) => SiblingRoute::Absent,
+            _ => SiblingRoute::Failed,
+        };
+        self.engine.sibling_route(account, route);
+    }
+
+    /// A call whose answer may have to wait for a sibling shard's route.
+    fn call_step(
+        &mut self,
+        caller: &Caller,
+        origin: Option<&str>,
+        method: Method,
+        params: &[u8],
+        now: u64,
+    ) -> Step {
+        let r = self.call(caller, origin, method, params, now);
+        match self.wanted() {
+            Some(w) => Step::FetchRoute(w),
+            None => Step::Respond(r),
+        }
+    }
+
+    /// The route the last call waits for, if it waits for one.
+    fn wanted(&mut self) -> Option<RouteWanted> {
+        let account = self.engine.wanted_route()?;
+        let count = self.engine.config().shard.count;
+        Some(RouteWanted {
+            shard: Shard::of_account(&account, count),
+            account,
+        })
+    }
+
     fn upgrade(&mut self, req: &Request, now: u64) -> Step {
         let Some(token) = req.bearer().or_else(|| req.query_param("session")) else {
             return Step::Respond(Response::fail(
@@ -365,6 +434,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     text: socket::answer_frame(id, e.code.http_status(), &error_bytes(&e)),
                     close: None,
                     effects: Vec::new(),
+                    route: None,
                 }
             }
         };
@@ -375,6 +445,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     text: socket::answer_frame(f.id, e.code.http_status(), &error_bytes(&e)),
                     close: None,
                     effects: Vec::new(),
+                    route: None,
                 }
             }
         };
@@ -385,10 +456,19 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             &f.params,
             now,
         );
+        if let Some(w) = self.wanted() {
+            return Answer {
+                text: String::new(),
+                close: None,
+                effects: Vec::new(),
+                route: Some(w),
+            };
+        }
         Answer {
             text: socket::answer_frame(f.id, r.status, &r.body),
             close: (r.status == 401).then_some((socket::SESSION_CLOSED, socket::ENDED)),
             effects: std::mem::take(&mut { r }.effects),
+            route: None,
         }
     }
 
@@ -458,6 +538,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     target,
                     method,
                     body,
+                    shard,
                 } => {
                     let mut nonce = [0u8; 16];
                     self.engine.random(&mut nonce);
@@ -475,6 +556,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                         headers: outbound::headers(&h),
                         body,
                         timeout_ms,
+                        shard,
                     })
                 }
                 Effect::WakeAt(at) => Event::WakeAt(at),

@@ -26,6 +26,9 @@ pub struct PeerRequest {
     /// The host gives up after this many ms: two thirds of the engine's attempt timeout,
     /// so its verdict reaches the core before the core's own timer decides.
     pub timeout_ms: u64,
+    /// When the target is this relay itself: the sibling shard whose engine takes the
+    /// request directly (as a public request to `url`'s path), with no network between.
+    pub shard: Option<u32>,
 }
 
 /// What a host saw of an HTTP exchange it made for the core.

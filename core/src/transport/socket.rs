@@ -40,6 +40,9 @@ pub struct Answer {
     pub close: Option<(u16, &'static str)>,
     /// What the host must do once the answer is on its way.
     pub effects: Vec<Event>,
+    /// The frame was not answered: it waits for this route from a sibling shard. Fetch it
+    /// as for [`super::Step::FetchRoute`], report it, and pass the same frame again.
+    pub route: Option<super::RouteWanted>,
 }
 
 /// An answer frame: `{"id", "result"}` or `{"id", "error"}` from a call's status and body.

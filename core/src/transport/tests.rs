@@ -13,7 +13,13 @@ const T0: u64 = 1_700_000_000_000;
 
 /// A relay whose entropy is a counter from `seed`: every run replays exactly.
 fn relay(id: &str, seed: u8) -> Mem {
-    let config = Config::new(RelayId::parse(id).unwrap(), "dev");
+    sharded(id, seed, crate::engine::shard::Shard::SINGLE)
+}
+
+/// Shard `shard` of relay `id`, as [`relay`] makes one.
+fn sharded(id: &str, seed: u8, shard: crate::engine::shard::Shard) -> Mem {
+    let mut config = Config::new(RelayId::parse(id).unwrap(), "dev");
+    config.shard = shard;
     let mut n = seed as u64;
     let entropy: Counter = Box::new(move |buf: &mut [u8]| {
         for b in buf.iter_mut() {
@@ -68,6 +74,7 @@ fn relay_request(from: &mut Mem, to: &str, method: PeerMethod, body: &[u8], now:
             target: RelayId::parse(to).unwrap(),
             method,
             body: body.to_vec(),
+            shard: None,
         }],
         now,
     );
@@ -186,6 +193,24 @@ fn a_relay_request_fetches_the_key_once_then_authenticates() {
 }
 
 #[test]
+fn a_sibling_shard_is_authenticated_by_the_relays_own_key_and_an_impostor_is_not() {
+    use crate::engine::shard::Shard;
+    let mut s0 = sharded(A, 1, Shard::new(0, 2).unwrap());
+    let mut s1 = sharded(A, 1, Shard::new(1, 2).unwrap());
+    let from_sibling = relay_request(&mut s0, A, PeerMethod::RouteGet, ROUTE_GET, T0);
+    // No key fetch: the sibling signs with this relay's key.
+    let r = respond(s1.handle(&from_sibling, T0));
+    assert_eq!((r.status, code(&r).as_str()), (404, "not_found"));
+    assert_eq!(s1.key_fetches(), 0);
+    // Another key claiming this relay's id is refused, and starts no fetch either.
+    let mut impostor = sharded(A, 9, Shard::new(0, 2).unwrap());
+    let forged = relay_request(&mut impostor, A, PeerMethod::RouteGet, ROUTE_GET, T0);
+    let r = respond(s1.handle(&forged, T0));
+    assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
+    assert_eq!(s1.key_fetches(), 0);
+}
+
+#[test]
 fn relay_requests_are_checked_before_any_fetch() {
     let mut a = relay(A, 1);
     let mut b = relay(B, 2);
@@ -277,6 +302,7 @@ fn outbound_requests_are_signed_and_replay_exactly() {
                 target: RelayId::parse(B).unwrap(),
                 method: PeerMethod::Deliver,
                 body: b"{}".to_vec(),
+                shard: None,
             }],
             T0,
         )

@@ -503,6 +503,7 @@ impl<'a> Sim<'a> {
                     target,
                     method,
                     body,
+                    ..
                 } => {
                     json::parse_object(body).unwrap_or_else(|e| {
                         panic!("a relay request body is not a strict JSON object: {e}")
