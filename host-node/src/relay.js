@@ -14,6 +14,9 @@ import { Log, messageOf } from './log.js';
 import { RelayMetrics } from './metrics.js';
 import { REFUSED_CODE, refusedUrl, vettedLookup } from './outbound.js';
 import { LIMITS } from './limits.js';
+import { secret } from './secrets.js';
+
+export { secret };
 
 /** The whole exchange may take at most this long before its outcome counts as unknown. */
 const RESPONSE_TIMEOUT_MS = 20000;
@@ -21,36 +24,6 @@ const RESPONSE_TIMEOUT_MS = 20000;
 const b64u = (buf) => Buffer.from(buf).toString('base64url');
 /** Params as the core takes them: bytes (a string is UTF-8 encoded, a value serialized). */
 const bytesOf = (p) => (p instanceof Uint8Array ? p : Buffer.from(typeof p === 'string' ? p : JSON.stringify(p)));
-
-/**
- * A secret of `len` bytes kept in `file` (base64url): read when the file is there, made
- * (mode 0600, never over an existing file) only when it is absent. Any other failure stops
- * the start with a message naming the file: a relay never replaces its key or token because
- * it could not read them.
- * @param {string} file @param {number} len
- * @returns {Buffer}
- */
-export function secret(file, len) {
-  let text;
-  try {
-    text = fs.readFileSync(file, 'utf8');
-  } catch (e) {
-    if (e.code !== 'ENOENT') throw new Error(`${file}: cannot read it (${e.code ?? messageOf(e)}); fix it or move it away (a new one is made only when the file is absent)`);
-    const b = crypto.randomBytes(len);
-    try {
-      fs.writeFileSync(file, b64u(b), { mode: 0o600, flag: 'wx' });
-    } catch (w) {
-      throw new Error(`${file}: cannot create it: ${messageOf(w)}`);
-    }
-    return b;
-  }
-  const t = text.trim();
-  const b = Buffer.from(t, 'base64url');
-  if (!/^[A-Za-z0-9_-]+$/.test(t) || b.length !== len) {
-    throw new Error(`${file}: malformed: it must hold ${len} bytes in base64url; fix it or move it away (a new one is made only when the file is absent)`);
-  }
-  return b;
-}
 
 /**
  * Warns about a data directory or secret that others can read (made by an older relay, or by

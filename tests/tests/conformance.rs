@@ -1,14 +1,15 @@
 //! One conformance suite for every host: each rule of the seed, run against real relay
-//! processes (the wasmtime host and the Node host, each over SQLite) over HTTP and
-//! WebSocket, for every ordered pair of hosts (wasmtime→wasmtime, node→node,
-//! wasmtime→node, node→wasmtime). Each relay sits behind a fault-injecting proxy, which
-//! is its public id, so every relay RPC between them passes through it.
+//! processes (the wasmtime host, the Node host, each over SQLite, and the edge host on
+//! workerd over its Durable Objects' SQLite) over HTTP and WebSocket, for every ordered
+//! pair of hosts (each host with itself, and every mixed pair both ways). Each relay sits
+//! behind a fault-injecting proxy, which is its public id, so every relay RPC between them
+//! passes through it.
 //!
 //! Each scenario is a function of its hosts; `every_pair!` and `every_host!` make one test
 //! per pair or host, named `scenario::wasmtime_to_node` or `scenario::node`.
 //!
 //! The relays are built by `./x test` (`target/release/relay`, `target/component/`,
-//! `host-node/pkg`) before this suite runs.
+//! `host-node/pkg`, `host-edge/pkg` and workerd) before this suite runs.
 
 use relay_core::client::DeviceKey;
 use relay_core::wire::canonical;
@@ -30,7 +31,7 @@ const WAIT: Duration = Duration::from_secs(30);
 macro_rules! every_pair {
     ($scenario:ident) => {
         mod $scenario {
-            use super::Kind::{Node, Wasmtime};
+            use super::Kind::{Edge, Node, Wasmtime};
 
             #[test]
             fn wasmtime_to_wasmtime() {
@@ -51,16 +52,41 @@ macro_rules! every_pair {
             fn node_to_wasmtime() {
                 super::$scenario(Node, Wasmtime);
             }
+
+            #[test]
+            fn edge_to_edge() {
+                super::$scenario(Edge, Edge);
+            }
+
+            #[test]
+            fn edge_to_wasmtime() {
+                super::$scenario(Edge, Wasmtime);
+            }
+
+            #[test]
+            fn edge_to_node() {
+                super::$scenario(Edge, Node);
+            }
+
+            #[test]
+            fn wasmtime_to_edge() {
+                super::$scenario(Wasmtime, Edge);
+            }
+
+            #[test]
+            fn node_to_edge() {
+                super::$scenario(Node, Edge);
+            }
         }
     };
 }
 
-/// One test per host for `scenario(k)`, in a module named after it: `scenario::wasmtime`
-/// and `scenario::node`.
+/// One test per host for `scenario(k)`, in a module named after it: `scenario::wasmtime`,
+/// `scenario::node` and `scenario::edge`.
 macro_rules! every_host {
     ($scenario:ident) => {
         mod $scenario {
-            use super::Kind::{Node, Wasmtime};
+            use super::Kind::{Edge, Node, Wasmtime};
 
             #[test]
             fn wasmtime() {
@@ -71,6 +97,11 @@ macro_rules! every_host {
             fn node() {
                 super::$scenario(Node);
             }
+
+            #[test]
+            fn edge() {
+                super::$scenario(Edge);
+            }
         }
     };
 }
@@ -78,9 +109,9 @@ macro_rules! every_host {
 // The macros name each host (`Kind::ALL`) and each pair (`Kind::PAIRS`) by hand: a new
 // host fails to compile here until they name it too.
 const _: fn(Kind) = |k| match k {
-    Kind::Wasmtime | Kind::Node => {}
+    Kind::Wasmtime | Kind::Node | Kind::Edge => {}
 };
-const _: () = assert!(Kind::ALL.len() == 2 && Kind::PAIRS.len() == 4);
+const _: () = assert!(Kind::ALL.len() == 3 && Kind::PAIRS.len() == 9);
 
 /// A relay behind its proxy.
 struct Proxied {

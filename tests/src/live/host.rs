@@ -1,5 +1,6 @@
-//! Real relay processes: the wasmtime host (`target/release/relay`) and the Node host
-//! (`host-node/bin/relay-node.js`), each on a loopback port over its own SQLite data,
+//! Real relay processes: the wasmtime host (`target/release/relay`), the Node host
+//! (`host-node/bin/relay-node.js`) and the edge host (`host-edge/bin/relay-edge`: workerd,
+//! one Durable Object per shard), each on a loopback port over its own SQLite data,
 //! started, killed (SIGKILL) and restarted by the suite.
 
 use std::net::TcpListener;
@@ -13,18 +14,24 @@ use std::time::{Duration, Instant};
 pub enum Kind {
     Wasmtime,
     Node,
+    Edge,
 }
 
 impl Kind {
-    /// Both hosts.
-    pub const ALL: [Kind; 2] = [Kind::Wasmtime, Kind::Node];
+    /// Every host.
+    pub const ALL: [Kind; 3] = [Kind::Wasmtime, Kind::Node, Kind::Edge];
 
-    /// Every ordered pair (source, destination): the same host and both mixed pairs.
-    pub const PAIRS: [(Kind, Kind); 4] = [
+    /// Every ordered pair (source, destination): each host with itself and every mixed pair.
+    pub const PAIRS: [(Kind, Kind); 9] = [
         (Kind::Wasmtime, Kind::Wasmtime),
         (Kind::Node, Kind::Node),
         (Kind::Wasmtime, Kind::Node),
         (Kind::Node, Kind::Wasmtime),
+        (Kind::Edge, Kind::Edge),
+        (Kind::Edge, Kind::Wasmtime),
+        (Kind::Edge, Kind::Node),
+        (Kind::Wasmtime, Kind::Edge),
+        (Kind::Node, Kind::Edge),
     ];
 
     /// A short name for messages.
@@ -32,6 +39,7 @@ impl Kind {
         match self {
             Kind::Wasmtime => "wasmtime",
             Kind::Node => "node",
+            Kind::Edge => "edge",
         }
     }
 }
@@ -255,6 +263,22 @@ impl Relay {
                 );
                 let mut c = Command::new("node");
                 c.arg(cli).arg("serve");
+                c
+            }
+            Kind::Edge => {
+                // A shell script that writes workerd's config and then becomes workerd (exec):
+                // the child is the relay, so `kill` is a SIGKILL of workerd itself.
+                for (file, how) in [
+                    ("host-edge/pkg/relay_wasm.js", "xtask bindgen-edge"),
+                    ("host-edge/node_modules/workerd", "npm ci in host-edge"),
+                ] {
+                    assert!(
+                        workspace().join(file).exists(),
+                        "{file} is missing: build it with `./x test` ({how})"
+                    );
+                }
+                let mut c = Command::new(workspace().join("host-edge/bin/relay-edge"));
+                c.arg("serve");
                 c
             }
         };

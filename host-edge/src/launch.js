@@ -1,0 +1,213 @@
+// `relay-edge serve` before workerd starts: reads the flags of `relay serve` that apply on
+// workerd, makes the data directory and its secrets (as the other hosts do), picks the admin
+// port, and writes DATA/workerd.capnp: the public and admin sockets, the Worker (twice: the
+// public door and the admin door, one Durable Object namespace), its bindings, the objects'
+// SQLite on local disk, and the network rules for outbound fetches. It prints workerd's
+// path and the config's; bin/relay-edge then becomes workerd (exec), so the process the
+// caller started is the relay and SIGKILL kills it.
+
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import workerdPackage from 'workerd';
+import { secret } from '../../host-node/src/secrets.js';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const ROOT = path.resolve(HERE, '..');
+
+/** The date the Worker is written for (wrangler.jsonc names the same). */
+export const COMPATIBILITY_DATE = '2025-12-01';
+
+export const USAGE = `relay-edge serve [--listen ADDR] [--url URL] [--data DIR] [--network NAME]
+                 [--policy NAME=VALUE]... [--attempt-timeout MS] [--shards N]
+                 [--admin-listen ADDR] [--allow-private-peers] [--no-probe-peers]`;
+
+/** The modules of the Worker: its name in workerd (as imports resolve it) and its file. */
+const MODULES = [
+  ['src/worker.js', 'esModule'],
+  ['src/core.js', 'esModule'],
+  ['src/store.js', 'esModule'],
+  ['pkg/relay_wasm.js', 'esModule'],
+  ['pkg/relay_wasm_bg.wasm', 'wasm'],
+];
+
+/** `HOST:PORT` (`[v6]:PORT`). @param {string} addr */
+export function parseAddr(addr) {
+  const m = /^(?:\[([^\]]+)\]|([^:[\]]*)):(\d+)$/.exec(addr);
+  if (!m || Number(m[3]) > 65535) throw new Error(`an address is HOST:PORT, not ${addr}`);
+  return { host: m[1] ?? m[2], port: Number(m[3]), v6: m[1] !== undefined };
+}
+
+/** @param {string} name @param {string} v */
+function positive(name, v) {
+  if (!/^\d+$/.test(v) || Number(v) < 1) throw new Error(`${name} takes a positive integer, not ${v}`);
+  return Number(v);
+}
+
+/**
+ * Turns argv into settings.
+ * @param {string[]} argv
+ */
+export function parseArgs(argv) {
+  const s = {
+    listen: '127.0.0.1:8080', url: /** @type {string | null} */ (null), data: '.relay-edge', network: 'dev',
+    policies: /** @type {Record<string, number>} */ ({}), attemptTimeout: /** @type {number | undefined} */ (undefined),
+    shards: 1, adminListen: '127.0.0.1:0', allowPrivatePeers: false, probePeers: true,
+  };
+  const rest = [...argv];
+  const take = (flag) => {
+    const v = rest.shift();
+    if (v === undefined) throw new Error(`${flag} needs a value`);
+    return v;
+  };
+  while (rest.length) {
+    const a = /** @type {string} */ (rest.shift());
+    if (a === '--listen') s.listen = take(a);
+    else if (a === '--url') s.url = take(a);
+    else if (a === '--data') s.data = take(a);
+    else if (a === '--network') s.network = take(a);
+    else if (a === '--admin-listen') s.adminListen = take(a);
+    else if (a === '--allow-private-peers') s.allowPrivatePeers = true;
+    else if (a === '--no-probe-peers') s.probePeers = false;
+    else if (a === '--shards') s.shards = positive(a, take(a));
+    else if (a === '--attempt-timeout') {
+      const v = take(a);
+      if (!/^\d+$/.test(v)) throw new Error('--attempt-timeout takes milliseconds');
+      s.attemptTimeout = Number(v);
+    } else if (a === '--policy') {
+      const [k, v] = take(a).split('=');
+      if (!k || v === undefined || !/^\d+$/.test(v.trim())) throw new Error('--policy takes NAME=INTEGER');
+      s.policies[k.trim()] = Number(v.trim());
+    } else throw new Error(`unknown flag ${a} (the TLS flags and the connection limits of relay serve are workerd's or the platform's here)\n${USAGE}`);
+  }
+  parseAddr(s.listen);
+  parseAddr(s.adminListen);
+  return s;
+}
+
+/** A port the system picks, free now. @param {string} host */
+function freePort(host) {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, host, () => {
+      const a = /** @type {net.AddressInfo} */ (srv.address());
+      srv.close(() => resolve(a.port));
+    });
+  });
+}
+
+/** A capnp text literal. @param {string} s */
+const lit = (s) => JSON.stringify(s);
+/** An address as workerd takes it. @param {{host: string, port: number, v6: boolean}} a */
+const addr = (a) => (a.v6 ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`);
+
+/**
+ * The workerd config for these settings. `data` is absolute; files are embedded by paths
+ * relative to it (where the config lives).
+ * @param {ReturnType<typeof parseArgs>} s
+ * @param {{data: string, listen: string, admin: string, url: string}} at
+ */
+export function capnp(s, at) {
+  const rel = (f) => lit(path.relative(at.data, f));
+  const modules = MODULES.map(([name, kind]) => `(name = ${lit(name)}, ${kind} = embed ${rel(path.join(ROOT, name))})`).join(',\n    ');
+  const config = {
+    relay: at.url,
+    network: s.network,
+    policies: s.policies,
+    ...(s.attemptTimeout !== undefined ? { attempt_timeout: s.attemptTimeout } : {}),
+    shards: s.shards,
+    allow_private_peers: s.allowPrivatePeers,
+    probe_peers: s.probePeers,
+  };
+  // Outbound as on the other hosts: on dev (or with --allow-private-peers) any address;
+  // otherwise public addresses only (workerd checks every address a name resolves to).
+  const allow = s.network === 'dev' || s.allowPrivatePeers ? '["public", "private", "local"]' : '["public"]';
+  const secrets = `(name = "RELAY_KEY", text = embed "relay.key"),
+    (name = "ADMIN_TOKEN", text = embed "admin.token"),
+    (name = "CONFIG", json = ${lit(JSON.stringify(config))})`;
+  return `# Written by relay-edge serve at every start; edits are lost.
+using Workerd = import "/workerd/workerd.capnp";
+
+const config :Workerd.Config = (
+  services = [
+    (name = "relay", worker = .relay),
+    (name = "relay-admin", worker = .admin),
+    (name = "objects", disk = (path = ${lit(path.join(at.data, 'objects'))}, writable = true)),
+    (name = "internet", network = (allow = ${allow}, tlsOptions = (trustBrowserCas = true))),
+  ],
+  sockets = [
+    # workerd does not tell a Worker its peer's address: every anonymous caller of this
+    # socket shares one anonymous_rate budget (a client's own cf-connecting-ip is replaced).
+    (name = "public", address = ${lit(at.listen)}, service = "relay",
+     http = (injectRequestHeaders = [(name = "cf-connecting-ip", value = "local")])),
+    (name = "admin", address = ${lit(at.admin)}, service = "relay-admin", http = ()),
+  ],
+);
+
+const relay :Workerd.Worker = (
+  modules = [
+    ${modules}
+  ],
+  compatibilityDate = ${lit(COMPATIBILITY_DATE)},
+  bindings = [
+    (name = "RELAY", durableObjectNamespace = "RelayShard"),
+    ${secrets},
+  ],
+  durableObjectNamespaces = [(className = "RelayShard", uniqueKey = "relay-shard", enableSql = true)],
+  durableObjectStorage = (localDisk = "objects"),
+);
+
+const admin :Workerd.Worker = (
+  modules = [
+    ${modules}
+  ],
+  compatibilityDate = ${lit(COMPATIBILITY_DATE)},
+  bindings = [
+    (name = "RELAY", durableObjectNamespace = (className = "RelayShard", serviceName = "relay")),
+    ${secrets},
+    (name = "DOOR", text = "admin"),
+  ],
+);
+`;
+}
+
+/** Prepares a start; returns workerd's path and the config's. @param {string[]} argv */
+export async function prepare(argv) {
+  const s = parseArgs(argv);
+  if (!fs.existsSync(path.join(ROOT, 'pkg/relay_wasm.js'))) throw new Error(`${path.join(ROOT, 'pkg')} is missing: build it with \`./x serve-edge\` (xtask bindgen-edge)`);
+  const data = path.resolve(s.data);
+  // The data directory holds the relay key and the operator token: its owner's only.
+  fs.mkdirSync(path.join(data, 'objects'), { recursive: true, mode: 0o700 });
+  fs.chmodSync(data, fs.statSync(data).mode & 0o777 & ~0o077);
+  secret(path.join(data, 'relay.key'), 32);
+  secret(path.join(data, 'admin.token'), 24);
+  const pub = parseAddr(s.listen);
+  const adm = parseAddr(s.adminListen);
+  if (pub.port === 0) pub.port = await freePort(pub.host);
+  if (adm.port === 0) adm.port = await freePort(adm.host);
+  const at = { data, listen: addr(pub), admin: addr(adm), url: s.url ?? `http://${addr(pub)}` };
+  // admin.url names this start's admin listener (written before the public port listens, so
+  // whoever sees the relay up finds it).
+  const adminUrl = path.join(data, 'admin.url');
+  fs.writeFileSync(`${adminUrl}.tmp`, `http://${at.admin}\n`, { mode: 0o600 });
+  fs.renameSync(`${adminUrl}.tmp`, adminUrl);
+  const config = path.join(data, 'workerd.capnp');
+  fs.writeFileSync(`${config}.tmp`, capnp(s, at), { mode: 0o600 });
+  fs.renameSync(`${config}.tmp`, config);
+  if (!/(^|[=,])(warn|error)$/.test(process.env.RELAY_LOG ?? '')) process.stderr.write(`relay-edge: ${at.url} on ${at.listen} (admin http://${at.admin}), data ${data}, ${s.shards} shard${s.shards === 1 ? '' : 's'}\n`);
+  // The native binary itself (its package is CommonJS: the default export is its exports).
+  const bin = /** @type {any} */ (workerdPackage).default ?? workerdPackage;
+  return { workerd: String(bin), config };
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  try {
+    const { workerd: bin, config } = await prepare(process.argv.slice(2));
+    process.stdout.write(`${bin}\n${config}\n`);
+  } catch (e) {
+    process.stderr.write(`relay-edge: cannot start: ${e instanceof Error ? e.message : e}\n`);
+    process.exit(1);
+  }
+}

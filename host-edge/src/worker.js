@@ -1,0 +1,593 @@
+// The relay on workerd (Cloudflare Workers): a Worker that routes each request to the
+// Durable Object of its shard, and the Durable Object class `RelayShard`, one relay core over
+// the object's SQLite storage. The host moves bytes: the core decides routing, status codes,
+// headers, frames, retries and what every outbound outcome means (protocol.md §6).
+//
+// Bindings (the same locally, from `relay-edge serve`, and in wrangler.jsonc):
+// - RELAY: the Durable Object namespace of `RelayShard`;
+// - CONFIG (JSON): {relay, network, policies, attempt_timeout?, shards, allow_private_peers?, probe_peers?};
+// - RELAY_KEY, ADMIN_TOKEN (secrets): the relay key's 32-byte seed and the operator token, base64url;
+// - DOOR: "admin" on the Worker that serves the operator API (`/admin/v1/...`, `/metrics`);
+//   absent on the public one.
+
+import { DurableObject } from 'cloudflare:workers';
+import { connect } from 'cloudflare:sockets';
+import { RelayCore, REQUEST_HEADERS, generation, reset, stepOf, uncommitted, headerText, shardOf } from './core.js';
+import { SqlStore, ShardIndex } from './store.js';
+
+const EMPTY = new Uint8Array(0);
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+/** Largest answer read from a peer; a longer one is an unreadable answer (unknown). */
+const MAX_ANSWER = 1 << 20;
+/** The longest a key fetch may take (the Node host's response timeout). */
+const KEY_FETCH_TIMEOUT_MS = 20000;
+/** The close code of a session that ended (the core's `transport::socket::SESSION_CLOSED`). */
+const SESSION_CLOSED = 4401;
+/** The headers that carry, from the Worker to an object, what only the Worker knows. */
+const DOOR = 'x-relay-door';
+const ORIGIN = 'x-relay-origin';
+const SHARD = 'x-relay-shard';
+const REQUEST_NAMES = new Set(REQUEST_HEADERS);
+
+/** The error body of protocol.md §4, for what the host answers itself. */
+const json = (status, value, extra = {}) =>
+  new Response(JSON.stringify(value), { status, headers: { 'content-type': 'application/json', ...extra } });
+const text = (status, body, type = 'text/plain; charset=utf-8') => new Response(body, { status, headers: { 'content-type': type } });
+const errorBody = (code, message) => ({ error: { code, message } });
+
+/** @param {string} s base64url @returns {Uint8Array} */
+function unb64u(s) {
+  const t = s.trim().replace(/-/g, '+').replace(/_/g, '/');
+  const bin = atob(t + '='.repeat((4 - (t.length % 4)) % 4));
+  return Uint8Array.from(bin, (c) => c.charCodeAt(0));
+}
+
+/**
+ * The relay's settings from the bindings.
+ * @param {any} env
+ */
+function settingsOf(env) {
+  const c = env.CONFIG ?? {};
+  const seed = unb64u(String(env.RELAY_KEY ?? ''));
+  if (seed.length !== 32) throw new Error('RELAY_KEY must hold 32 bytes in base64url');
+  return {
+    relay: String(c.relay),
+    network: String(c.network ?? 'dev'),
+    policies: c.policies ?? {},
+    attemptTimeout: c.attempt_timeout,
+    shards: Math.max(1, Number(c.shards ?? 1)),
+    allowPrivatePeers: c.allow_private_peers === true,
+    probePeers: c.probe_peers !== false,
+    seed,
+    token: env.ADMIN_TOKEN ? String(env.ADMIN_TOKEN).trim() : null,
+  };
+}
+
+/** The stub of shard `k`'s object. @param {any} env @param {number} k */
+const shard = (env, k) => env.RELAY.get(env.RELAY.idFromName(`shard-${k}`));
+
+/**
+ * A stream read whole, or null when it is over `limit` bytes (the rest is not read).
+ * @param {ReadableStream<Uint8Array> | null} stream @param {number} limit
+ * @returns {Promise<Uint8Array | null>}
+ */
+async function readAll(stream, limit) {
+  if (!stream) return EMPTY;
+  const chunks = [];
+  let size = 0;
+  const reader = stream.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    size += value.byteLength;
+    if (size > limit) {
+      reader.cancel().catch(() => {});
+      return null;
+    }
+    chunks.push(value);
+  }
+  const out = new Uint8Array(size);
+  let at = 0;
+  for (const c of chunks) {
+    out.set(c, at);
+    at += c.byteLength;
+  }
+  return out;
+}
+
+/**
+ * A request's body, read within `limit` bytes; a 413 answer when it is over (the declared
+ * length first, then the count).
+ * @param {Request} request @param {number} limit
+ * @returns {Promise<Uint8Array | Response>}
+ */
+async function readBody(request, limit) {
+  const declared = Number(request.headers.get('content-length'));
+  const body = Number.isFinite(declared) && declared > limit ? null : await readAll(request.body, limit);
+  return body ?? json(413, errorBody('payload_too_large', `request body exceeds max_request_bytes ${limit}`), { connection: 'close' });
+}
+
+/** `max_request_bytes`, as shard 0's core publishes it (asked once per isolate). */
+let maxRequestBytes = 0;
+async function maxBytes(env) {
+  if (!maxRequestBytes) {
+    const r = await shard(env, 0).fetch('https://shard/.well-known/relay', { headers: { [SHARD]: '0' } });
+    maxRequestBytes = Number((await r.json())?.policies?.max_request_bytes) || 0;
+    if (!maxRequestBytes) throw new Error('shard 0 published no max_request_bytes');
+  }
+  return maxRequestBytes;
+}
+
+/** The health checks: `/healthz` here, `/readyz` from every shard. */
+async function health(env, path, count) {
+  if (path === '/healthz') return text(200, 'ok\n');
+  for (let k = 0; k < count; k += 1) {
+    const r = await shard(env, k).fetch('https://shard/readyz', { headers: { [SHARD]: String(k) } });
+    if (r.status !== 200) return r;
+  }
+  return text(200, 'ready\n');
+}
+
+/**
+ * The core's metrics of every shard; with more than one, each sample gains a `shard` label
+ * (the families' HELP and TYPE lines come once).
+ */
+async function metrics(env, count) {
+  if (count === 1) return shard(env, 0).fetch('https://shard/metrics', { headers: { [SHARD]: '0', [DOOR]: 'admin' } });
+  const seen = new Set();
+  let out = '';
+  for (let k = 0; k < count; k += 1) {
+    const r = await shard(env, k).fetch('https://shard/metrics', { headers: { [SHARD]: String(k), [DOOR]: 'admin' } });
+    if (r.status !== 200) return r;
+    for (const line of (await r.text()).split('\n')) {
+      if (line === '') continue;
+      if (line.startsWith('#')) {
+        if (!seen.has(line)) out += `${line}\n`;
+        seen.add(line);
+        continue;
+      }
+      const m = /^([^{\s]+)(\{([^}]*)\})?(\s.*)$/.exec(line);
+      out += m ? `${m[1]}{shard="${k}"${m[3] ? `,${m[3]}` : ''}}${m[4]}\n` : `${line}\n`;
+    }
+  }
+  return text(200, out, 'text/plain; version=0.0.4; charset=utf-8');
+}
+
+export default {
+  /**
+   * Every request of both doors: read whole (within max_request_bytes), routed to its
+   * shard's object as the core decides (`shardOf`), answered as that object answers.
+   * @param {Request} request @param {any} env
+   */
+  async fetch(request, env) {
+    const admin = env.DOOR === 'admin';
+    const url = new URL(request.url);
+    const count = Math.max(1, Number(env.CONFIG?.shards ?? 1));
+    try {
+      if (request.method === 'GET' && (url.pathname === '/healthz' || url.pathname === '/readyz')) return await health(env, url.pathname, count);
+      if (admin && request.method === 'GET' && url.pathname === '/metrics') return await metrics(env, count);
+      let body = EMPTY;
+      if (request.method === 'POST') {
+        const b = await readBody(request, await maxBytes(env));
+        if (b instanceof Response) return b;
+        body = b;
+      }
+      const query = url.search.slice(1);
+      const k = shardOf(admin, request.method, url.pathname, query, headerText(request.headers), body, count);
+      // Only what the core reads crosses, and what the Worker alone knows: the door, the
+      // peer's address (Cloudflare's header; set by the socket on workerd), the shard.
+      const headers = new Headers();
+      for (const [n, v] of request.headers) if (REQUEST_NAMES.has(n)) headers.set(n, v);
+      if (request.headers.get('upgrade')?.toLowerCase() === 'websocket') headers.set('upgrade', 'websocket');
+      if (admin) headers.set(DOOR, 'admin');
+      const origin = request.headers.get('cf-connecting-ip');
+      if (origin) headers.set(ORIGIN, origin);
+      headers.set(SHARD, String(k));
+      return await shard(env, k).fetch(`https://shard${url.pathname}${url.search}`, {
+        method: request.method,
+        headers,
+        body: request.method === 'POST' ? body : undefined,
+      });
+    } catch (e) {
+      console.error(`request failed: ${e?.stack ?? e}`);
+      return json(500, errorBody('internal', 'the relay failed; nothing was accepted'));
+    }
+  },
+};
+
+/**
+ * One shard of the relay: a relay core over this object's SQLite storage. Each core call runs
+ * in one `transactionSync` with its commits, so an answer leaves only after its writes are
+ * durable, and a call that throws or traps leaves nothing behind. The alarm carries the core's
+ * next wake-up; WebSockets are hibernatable (`acceptWebSocket`), tagged with their account
+ * and device, their session in the attachment.
+ */
+export class RelayShard extends DurableObject {
+  /** @param {DurableObjectState} ctx @param {any} env */
+  constructor(ctx, env) {
+    super(ctx, env);
+    this.settings = settingsOf(env);
+    this.store = new SqlStore(ctx.storage.sql);
+    this.index = new ShardIndex(ctx.storage.sql);
+    /** @type {any} the RelayCore, made at first use in each generation of the wasm instance */
+    this.core = null;
+    this.gen = -1;
+    /** Why no core can be made (a store from a newer relay, a bad configuration), if so. */
+    this.broken = null;
+    /** When the alarm is set for (ms), or null. */
+    this.alarmAt = null;
+    /** Key fetches in flight, by relay: requests waiting for the same relay's key share one GET. */
+    this.keyFetches = new Map();
+    /** The wait before a tick retried after a failure (ms; 0 while none failed). */
+    this.retryDelay = 0;
+    ctx.blockConcurrencyWhile(async () => {
+      this.alarmAt = await ctx.storage.getAlarm();
+      // The other hosts tick at start; an object starts at its first request or alarm.
+      if (this.index.get() !== null) this.#tick();
+    });
+  }
+
+  /** The shard index the Worker names (kept: an object woken by its alarm learns it from storage). */
+  #learn(k) {
+    const n = Number(k ?? 0);
+    if (this.index.get() !== n) this.index.set(n);
+  }
+
+  /** The RelayCore of this generation, made over the storage when missing; null when none can be made. */
+  #ensure() {
+    if (this.core && this.gen === generation) return this.core;
+    if (this.core && this.gen !== generation) {
+      // Made in a replaced instance: let go of it without entering that instance again.
+      this.core.__destroy_into_raw?.();
+      this.core = null;
+    }
+    const s = this.settings;
+    const k = this.index.get() ?? 0;
+    const config = {
+      relay: s.relay,
+      network: s.network,
+      policies: s.policies,
+      ...(s.attemptTimeout !== undefined ? { attempt_timeout: s.attemptTimeout } : {}),
+      ...(s.shards > 1 ? { shard: { index: k, count: s.shards } } : {}),
+    };
+    try {
+      this.core = this.ctx.storage.transactionSync(() => new RelayCore(JSON.stringify(config), this.store, s.seed, s.token));
+      this.gen = generation;
+      this.broken = null;
+      this.maxBytes = Number(JSON.parse(this.core.wellKnown()).policies?.max_request_bytes) || Infinity;
+    } catch (e) {
+      if (e instanceof WebAssembly.RuntimeError) reset();
+      this.broken = String(e?.message ?? e);
+      console.error(`shard ${k}: cannot start the relay core: ${this.broken}`);
+      this.core = null;
+    }
+    return this.core;
+  }
+
+  /**
+   * Runs one call into the core in one transaction with its commits. A trap or a failed
+   * commit rolls the transaction back and returns `fallback`; after a trap the instance is
+   * replaced and this object ticks again soon (its fresh core arms the alarm).
+   * @template T @param {(core: any) => T} f @param {T} fallback @returns {T}
+   */
+  #call(f, fallback) {
+    const core = this.#ensure();
+    if (!core) return fallback;
+    this.store.failed = null;
+    try {
+      return this.ctx.storage.transactionSync(() => {
+        const out = f(core);
+        // A commit that failed part-way: nothing of the call stays.
+        if (this.store.failed) throw this.store.failed;
+        return out;
+      });
+    } catch (e) {
+      if (e instanceof WebAssembly.RuntimeError) {
+        console.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
+        this.core.__destroy_into_raw?.();
+        this.core = null;
+        reset();
+        this.#wake(Date.now() + 100);
+      } else {
+        console.error(`core call rolled back: ${e?.message ?? e}`);
+        this.#retrySoon();
+      }
+      return fallback;
+    }
+  }
+
+  /** A request from the Worker (or from a sibling shard). @param {Request} request */
+  async fetch(request) {
+    const h = request.headers;
+    this.#learn(h.get(SHARD));
+    const url = new URL(request.url);
+    if (url.pathname === '/readyz') {
+      return this.#ensure() ? text(200, 'ready\n') : text(503, `not ready: ${this.broken ?? 'core instance not running'}\n`);
+    }
+    const admin = h.get(DOOR) === 'admin';
+    if (admin && url.pathname === '/metrics') {
+      const m = this.#ensure() ? this.#call((c) => c.metrics(), null) : null;
+      return m === null ? text(503, `not ready: ${this.broken ?? 'the core trapped'}\n`) : text(200, m, 'text/plain; version=0.0.4; charset=utf-8');
+    }
+    const req = {
+      admin,
+      method: request.method,
+      path: url.pathname,
+      query: url.search.slice(1),
+      headers: headerText(h),
+      body: request.method === 'POST' ? new Uint8Array(await request.arrayBuffer()) : EMPTY,
+      origin: h.get(ORIGIN),
+    };
+    const s = await this.handle(req);
+    if ('upgrade' in s) {
+      if (h.get('upgrade') !== 'websocket') return json(404, errorBody('not_found', 'no such endpoint'));
+      return this.#accept(s.upgrade, req.origin);
+    }
+    return new Response(s.body.byteLength ? s.body : null, { status: s.status, headers: s.headers });
+  }
+
+  /**
+   * A request read whole, answered by the core: the answer, or the session a WebSocket
+   * upgrade belongs to. A relay request whose source key is not known yet waits for its
+   * fetch, a call that needs a sibling shard's route waits for it; then it goes in again.
+   * @returns {Promise<any>}
+   */
+  async handle(req) {
+    for (let round = 0; ; round += 1) {
+      const s = stepOf(this.#call((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, Date.now()), RelayCore.uncommitted()));
+      if ('fetch' in s && round < 3) {
+        await this.#fetchKey(s.fetch.relay, s.fetch.url);
+        continue;
+      }
+      if ('route' in s && round < 3) {
+        await this.#fetchRoute(s.route);
+        continue;
+      }
+      if ('upgrade' in s) return s;
+      if ('backup' in s) {
+        return answer(404, errorBody('not_found', 'backup: the edge host keeps no database file of its own; Durable Object storage is backed up by the platform'));
+      }
+      if (!('status' in s)) return uncommitted();
+      this.#run(s.effects);
+      return s;
+    }
+  }
+
+  /** GETs a relay's key document for the core (one GET per relay in flight) and reports it. */
+  #fetchKey(relay, url) {
+    let p = this.keyFetches.get(relay);
+    if (!p) {
+      p = this.#exchange('GET', url, {}, undefined, KEY_FETCH_TIMEOUT_MS).then((r) => {
+        this.keyFetches.delete(relay);
+        if (r.status !== 200) console.warn(`key fetch from ${relay} failed: ${r.why ?? `status ${r.status}`}`);
+        this.#call((c) => c.keyFetched(relay, r.status, r.body, Date.now()), undefined);
+      });
+      this.keyFetches.set(relay, p);
+    }
+    return p;
+  }
+
+  /** Runs `route.get` for `account` on its shard and reports the answer (a sharded relay). */
+  async #fetchRoute({ account, shard: k }) {
+    const r = await this.#internal(k, 'POST', '/v1/route.get', '', encoder.encode(JSON.stringify({ account })));
+    this.#call((c) => c.routeFetched(account, r.status, r.body), undefined);
+  }
+
+  /**
+   * A request to a sibling shard's object, as a plain request of the public door from no
+   * address: `{status, body}`, status -2 when it was sent without an answer.
+   */
+  async #internal(k, method, path, headers, body) {
+    try {
+      const h = new Headers({ [SHARD]: String(k) });
+      for (let lines = headers.split('\n'), i = 0; i + 1 < lines.length; i += 2) h.set(lines[i], lines[i + 1]);
+      const res = await shard(this.env, k).fetch(`https://shard${path}`, { method, headers: h, body: method === 'POST' ? body : undefined });
+      return { status: res.status, body: new Uint8Array(await res.arrayBuffer()) };
+    } catch (e) {
+      console.warn(`shard ${k} did not answer: ${e?.message ?? e}`);
+      return { status: -2, body: EMPTY };
+    }
+  }
+
+  /**
+   * Accepts a WebSocket the core upgraded: hibernatable, tagged with the account and the
+   * device (notifications and closes find it by tag), its session in the attachment (which
+   * outlives hibernation); the alarm is set for its expiry.
+   */
+  #accept(u, origin) {
+    const pair = new WebSocketPair();
+    const [client, server] = [pair[0], pair[1]];
+    this.ctx.acceptWebSocket(server, [u.account, `${u.account} ${u.device_id}`]);
+    server.serializeAttachment({ token: u.token, account: u.account, device_id: u.device_id, expires_at: u.expires_at, origin });
+    this.#wake(u.expires_at);
+    return new Response(null, { status: 101, webSocket: client });
+  }
+
+  /**
+   * A WebSocket text message (also after the object hibernated and came back): the core's
+   * answer frame, and the close to follow it, if any. Over max_request_bytes: close 1009.
+   * @param {WebSocket} ws @param {string | ArrayBuffer} message
+   */
+  async webSocketMessage(ws, message) {
+    const a = ws.deserializeAttachment();
+    if (!a) return;
+    const size = typeof message === 'string' ? encoder.encode(message).byteLength : message.byteLength;
+    if (!this.#ensure()) {
+      ws.close(1011, 'the relay is not ready');
+      return;
+    }
+    if (size > this.maxBytes) {
+      ws.close(1009, 'message too big');
+      return;
+    }
+    const textOf = typeof message === 'string' ? message : decoder.decode(message);
+    for (let round = 0; ; round += 1) {
+      const out = this.#call((c) => c.message(a.token, a.origin ?? null, textOf, Date.now()), null);
+      if (out === null) {
+        // The call was lost: the frame's id, as the core reads it, with the `internal` error.
+        const f = JSON.parse(RelayCore.busyFrame(textOf));
+        f.error = JSON.parse(decoder.decode(uncommitted().body)).error;
+        trySend(ws, JSON.stringify(f));
+        return;
+      }
+      const nl = out.indexOf('\n');
+      const head = nl === 0 ? {} : JSON.parse(out.slice(0, nl));
+      if (head.route && round < 3) {
+        await this.#fetchRoute(head.route);
+        continue;
+      }
+      trySend(ws, out.slice(nl + 1));
+      if (head.close) ws.close(head.close[0], head.close[1]);
+      this.#run(head.effects);
+      return;
+    }
+  }
+
+  /** @param {WebSocket} ws @param {number} code @param {string} reason */
+  webSocketClose(ws, code, reason) {
+    try {
+      ws.close(code, reason);
+    } catch {
+      // 1005 and 1006 cannot be sent back; the socket is gone either way
+    }
+  }
+
+  webSocketError() {}
+
+  /** The alarm: the core's tick, then the sessions that expired are closed. */
+  async alarm() {
+    this.alarmAt = null;
+    this.#tick();
+    const now = Date.now();
+    let next = Infinity;
+    for (const ws of this.ctx.getWebSockets()) {
+      const a = ws.deserializeAttachment();
+      if (!a) continue;
+      if (a.expires_at <= now) ws.close(SESSION_CLOSED, 'session expired');
+      else next = Math.min(next, a.expires_at);
+    }
+    if (next !== Infinity) this.#wake(next);
+  }
+
+  #tick() {
+    const t = JSON.parse(this.#call((c) => c.tick(Date.now()), '{"events":[],"error":"the core trapped or its commit failed"}'));
+    for (const q of t.quarantined ?? []) {
+      console.warn(`tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it): ${JSON.stringify(q)}`);
+    }
+    this.#run(t.events);
+    if (t.error) {
+      console.warn(`tick could not commit: ${t.error}; it runs again`);
+      this.#retrySoon();
+    } else this.retryDelay = 0;
+  }
+
+  /** A tick soon after a failure: from 100 ms, doubling to 10 s while failures last. */
+  #retrySoon() {
+    this.retryDelay = Math.min(Math.max(this.retryDelay * 2, 100), 10_000);
+    this.#wake(Date.now() + this.retryDelay);
+  }
+
+  /** Arms the alarm for `at` unless it is armed for earlier (an early alarm only ticks early). */
+  #wake(at) {
+    if (this.alarmAt !== null && this.alarmAt > Date.now() && this.alarmAt <= at) return;
+    this.alarmAt = at;
+    this.ctx.storage.setAlarm(at);
+  }
+
+  /** Runs the core's events: deliveries, wake-ups, notifications, session ends. */
+  #run(events) {
+    for (const e of events ?? []) {
+      if (e.type === 'send') this.ctx.waitUntil(this.#attempt(e));
+      else if (e.type === 'wake') this.#wake(e.at);
+      else if (e.type === 'notify') for (const ws of this.ctx.getWebSockets(e.account)) trySend(ws, e.frame);
+      else if (e.type === 'close') {
+        for (const ws of this.ctx.getWebSockets(`${e.account} ${e.device_id}`)) {
+          try {
+            ws.close(e.code, e.reason);
+          } catch {
+            // closed already
+          }
+        }
+      }
+    }
+  }
+
+  /** Carries a `send` event: to a sibling shard's object, or POSTed to its url; reports what became of it. */
+  async #attempt(e) {
+    const r =
+      e.shard !== undefined && e.shard !== null
+        ? await this.#internal(e.shard, 'POST', new URL(e.url).pathname, Object.entries(e.headers).map(([k, v]) => `${k}\n${v}\n`).join(''), encoder.encode(e.body))
+        : await this.#exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
+    this.#run(JSON.parse(this.#call((c) => c.fetched(e.task, e.attempt, r.status, r.body, Date.now()), '[]')));
+  }
+
+  /**
+   * One HTTP exchange with a peer: `{status, body}` with status >= 0 the peer's answer, -1
+   * never sent, -2 sent without an answer. Never follows a redirect, never retries.
+   *
+   * workerd's fetch throws the same `Network connection lost.` for a refused connection as
+   * for one reset after the request left, so a connection is opened first (`connect`, under
+   * the same network rules as fetch): when it fails (refused, unresolved, an address the
+   * rules refuse) the request is *not attempted*; once it succeeded, any failure is unknown.
+   * `probe_peers: false` skips it (every failure is then unknown, which is safe).
+   */
+  async #exchange(method, url, headers, body, timeout) {
+    const notSent = (why) => ({ status: -1, body: EMPTY, why });
+    let u;
+    try {
+      u = new URL(url);
+    } catch {
+      return notSent('url');
+    }
+    if (u.protocol !== 'http:' && u.protocol !== 'https:') return notSent('scheme');
+    if (this.settings.network !== 'dev' && u.protocol !== 'https:') {
+      console.warn(`peer refused, not attempted: ${u.origin}: relays off the dev network are reached over https only`);
+      return notSent('https only');
+    }
+    const deadline = Date.now() + timeout;
+    if (this.settings.probePeers && !(await reachable(u, timeout))) return notSent('unreachable');
+    try {
+      const res = await fetch(u, { method, headers, body, redirect: 'manual', signal: AbortSignal.timeout(Math.max(1, deadline - Date.now())) });
+      const answer = await readAll(res.body, MAX_ANSWER);
+      return answer === null ? { status: -2, body: EMPTY, why: 'answer too large' } : { status: res.status, body: answer };
+    } catch (e) {
+      return { status: -2, body: EMPTY, why: String(e?.message ?? e) };
+    }
+  }
+}
+
+/** An answer the host makes itself, as `handle` returns answers. */
+function answer(status, value) {
+  return { status, headers: { 'content-type': 'application/json' }, body: encoder.encode(JSON.stringify(value)) };
+}
+
+/** Sends a frame unless the socket is gone. @param {WebSocket} ws @param {string} frame */
+function trySend(ws, frame) {
+  try {
+    ws.send(frame);
+  } catch {
+    // closed meanwhile
+  }
+}
+
+/** Whether a TCP connection to the URL's host and port opens within `timeout` ms. @param {URL} u */
+async function reachable(u, timeout) {
+  const port = Number(u.port || (u.protocol === 'https:' ? 443 : 80));
+  let socket;
+  let timer;
+  try {
+    socket = connect({ hostname: u.hostname.replace(/^\[|\]$/g, ''), port });
+    const late = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error('connect timed out')), timeout);
+    });
+    await Promise.race([socket.opened, late]);
+    return true;
+  } catch (e) {
+    console.warn(`peer not attempted: ${u.host}: ${e?.message ?? e}`);
+    return false;
+  } finally {
+    clearTimeout(timer);
+    socket?.close().catch(() => {});
+  }
+}
