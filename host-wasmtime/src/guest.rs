@@ -16,7 +16,8 @@ mod wit {
 
 pub use relay::core::types::{
     Caller, Close, DeliveryEnd, Error, ErrorCode, Event, Fetch, HttpRequest, HttpResponse,
-    KeyFetch, Listener, Notify, PeerRequest, Reply, Step, TickReport, Upgrade, WsAnswer,
+    KeyFetch, Listener, Notify, PeerRequest, Reply, RouteWanted, Step, TickReport, Upgrade,
+    WsAnswer,
 };
 use wit::exports::relay::core::relay::Guest;
 use wit::relay;
@@ -485,6 +486,12 @@ impl Core {
     /// then asks again).
     pub fn key_fetched(&mut self, relay: &str, fetch: &Fetch, now: u64) {
         let _ = self.guarded(|i, s| i.call_key_fetched(s, relay, fetch, now));
+    }
+
+    /// Reports what a sibling shard answered to the `route.get` a call waits for (lost with
+    /// a trap: the call then asks again).
+    pub fn route_fetched(&mut self, account: &str, fetch: &Fetch) {
+        let _ = self.guarded(|i, s| i.call_route_fetched(s, account, fetch));
     }
 
     /// Reports what became of a send; an error if the call trapped or the storage failed

@@ -156,9 +156,18 @@ impl CoreHandle {
     }
 }
 
+/// One shard of the relay: the thread that owns its core, and its timer's next wake-up.
+pub struct ShardCore {
+    /// The core of this shard's accounts.
+    pub core: CoreHandle,
+    wake: watch::Sender<Option<u64>>,
+}
+
 /// Shared state of a running relay.
 pub struct App {
-    pub core: CoreHandle,
+    /// The relay's cores, one per shard (`--shards`, one by default): the core placement
+    /// picks serves a request, and each core's events are executed for that core.
+    pub shards: Vec<ShardCore>,
     pub relay: RelayId,
     pub network: String,
     /// The engine's clock tolerance (ms): the native precheck of a relay request's headers
@@ -177,7 +186,6 @@ pub struct App {
     /// One structured log line per accepted message and per ended delivery (`--log-format json`).
     pub log_events: bool,
     hub: hub::Hub,
-    wake: watch::Sender<Option<u64>>,
     peers: outbound::Peers,
     /// Calls that entered the core (for tests that prove a request never reached it).
     pub core_calls: std::sync::atomic::AtomicU64,
@@ -213,25 +221,61 @@ impl App {
         self.hub.close_all();
     }
 
-    /// Executes a call's events: outbound requests, timers, notifications, closes.
-    pub fn dispatch(self: &Arc<App>, events: Vec<Event>) {
+    /// The core of shard `shard`.
+    pub fn core(&self, shard: u32) -> &CoreHandle {
+        &self.shards[shard as usize].core
+    }
+
+    /// How many shards the relay has.
+    pub fn shard_count(&self) -> u32 {
+        self.shards.len() as u32
+    }
+
+    /// The shard whose core handles `req` (the core's placement; always 0 with one shard).
+    pub fn shard_of(&self, req: &guest::HttpRequest) -> u32 {
+        if self.shards.len() == 1 {
+            return 0;
+        }
+        let listener = match req.listener {
+            guest::Listener::Public => relay_core::transport::Listener::Public,
+            guest::Listener::Admin => relay_core::transport::Listener::Admin,
+        };
+        // Placement reads the path, query, bearer and params only; the body is borrowed
+        // into a request of its own once (a sharded relay parses it here and in the core).
+        let r = relay_core::transport::Request {
+            listener,
+            method: req.method.clone(),
+            path: req.path.clone(),
+            query: req.query.clone(),
+            headers: req.headers.clone(),
+            body: req.body.clone(),
+            origin: None,
+        };
+        relay_core::transport::placement::shard_of(&r, self.shard_count())
+    }
+
+    /// Executes the events of a call of shard `shard`'s core: outbound requests, timers,
+    /// notifications, closes.
+    pub fn dispatch(self: &Arc<App>, shard: u32, events: Vec<Event>) {
         for e in events {
             match e {
                 Event::Send(req) => {
                     let app = self.clone();
-                    tokio::spawn(async move { outbound::attempt(app, req).await });
+                    tokio::spawn(async move { outbound::attempt(app, shard, req).await });
                 }
                 // The earliest wins: events of calls committed in one order may be
                 // dispatched in another, and a wake-up too early costs one idle tick (which
                 // tells the next wake-up afresh) while one too late delays work.
                 Event::WakeAt(at) => {
-                    self.wake.send_if_modified(|w| match *w {
-                        Some(now) if now <= at => false,
-                        _ => {
-                            *w = Some(at);
-                            true
-                        }
-                    });
+                    self.shards[shard as usize]
+                        .wake
+                        .send_if_modified(|w| match *w {
+                            Some(now) if now <= at => false,
+                            _ => {
+                                *w = Some(at);
+                                true
+                            }
+                        });
                 }
                 Event::Notify(n) => self.hub.notify(&n.account, &n.frame),
                 Event::Close(c) => {
@@ -512,7 +556,6 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     };
     let seed: [u8; 32] = seed.try_into().map_err(|_| anyhow::anyhow!("relay key"))?;
     let component = settings.component_path();
-    let config_json = String::from_utf8(config.to_json())?;
 
     let engine = guest::wasm_engine().map_err(|e| anyhow::anyhow!("wasmtime: {e:#}"))?;
     {
@@ -528,94 +571,46 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
     // `RELAY_PREVERIFY=0` leaves every verification to the core thread (to measure what this pays).
     let pre = (std::env::var_os("RELAY_PREVERIFY").is_none_or(|v| v != "0"))
         .then(|| Arc::new(Preverify::default()));
-    let core_pre = pre.clone();
     let metrics = Arc::new(ops::HostMetrics::default());
     let health = Arc::new(ops::Health::default());
-    let (core_metrics, core_health) = (metrics.clone(), health.clone());
-    let faults = settings.faults.clone();
-    let core_token = admin_token.clone();
-    let (wake_tx, wake_rx) = watch::channel(None);
-    let core_wake = wake_tx.clone();
-    let (tx, rx) = std::sync::mpsc::channel::<Job>();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
-    std::thread::Builder::new()
-        .name("relay-core".into())
-        .spawn(move || {
-            let store = match &store_path {
-                Some(p) => SqliteStore::open(p)
-                    .map(AnyStore::Sqlite)
-                    .map_err(|e| anyhow::anyhow!("{e}")),
-                None => Ok(AnyStore::Memory(MemoryStore::new())),
-            };
-            let store = match &faults {
-                Some(f) => store.map(|s| AnyStore::Faulty(Box::new(s), f.clone())),
-                None => store,
-            };
-            let core = store.and_then(|s| {
-                Core::load(&engine, &component, s, config_json, seed, Some(core_token))
-                    .map_err(|e| anyhow::anyhow!("loading {}: {e:#}", component.display()))
-            });
-            let mut core = match core {
-                Ok(mut c) => {
-                    c.set_preverify(core_pre);
-                    c.set_faults(faults);
-                    let _ = ready_tx.send(Ok(()));
-                    c
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            // `RELAY_GROUP_COMMIT=0` commits each call alone and `=N` caps a group at N calls
-            // (to measure what grouping and its size pay).
-            let max_group = match std::env::var("RELAY_GROUP_COMMIT").map(|v| v.parse::<usize>()) {
-                Ok(Ok(n)) => n.max(1),
-                _ => MAX_GROUP,
-            };
-            // Jobs run until every handle is gone; the last group's commit finishes first.
-            let (mut traps, mut restarts) = (0, 0);
-            while let Ok(job) = rx.recv() {
-                match job {
-                    Job::Call(first) => {
-                        let alone = run_group(
-                            &mut core,
-                            first,
-                            &rx,
-                            max_group,
-                            &core_metrics,
-                            &core_health,
-                            &core_wake,
-                        );
-                        if let Some(f) = alone {
-                            f(&mut core);
-                        }
-                    }
-                    Job::Alone(f) => f(&mut core),
-                }
-                if core.traps != traps || core.restarts != restarts {
-                    core_metrics.traps.inc_by(core.traps - traps);
-                    core_metrics.restarts.inc_by(core.restarts - restarts);
-                    (traps, restarts) = (core.traps, core.restarts);
-                }
-                if core.failed() {
-                    core_health.set_core_failed();
-                    // Fail closed: without an instance over the real storage nothing can be
-                    // answered truthfully, so the process stops (a supervisor restarts it).
-                    tracing::error!(
-                        "the relay core could not be restarted after a trap; exiting (status 70)"
-                    );
-                    std::process::exit(70);
-                }
-            }
+    let mut shards = Vec::new();
+    let mut timers = Vec::new();
+    for index in 0..settings.shards {
+        let mut config = config.clone();
+        config.shard = relay_core::engine::shard::Shard::new(index, settings.shards)
+            .map_err(anyhow::Error::msg)?;
+        // Shard 0 keeps the one file a relay of one shard has; the others sit beside it.
+        let store_path = store_path.as_ref().map(|p| match index {
+            0 => p.clone(),
+            k => p.with_file_name(format!("relay-shard-{k}.sqlite")),
+        });
+        let (wake_tx, wake_rx) = watch::channel(None);
+        let core = spawn_core(CoreStart {
+            index,
+            engine: engine.clone(),
+            component: component.clone(),
+            store_path,
+            config_json: String::from_utf8(config.to_json())?,
+            seed,
+            admin_token: admin_token.clone(),
+            preverify: pre.clone(),
+            faults: settings.faults.clone(),
+            metrics: metrics.clone(),
+            health: health.clone(),
+            wake: wake_tx.clone(),
         })?;
-    ready_rx.recv().context("the core thread died")??;
+        shards.push(ShardCore {
+            core,
+            wake: wake_tx,
+        });
+        timers.push(wake_rx);
+    }
     if let Some(dir) = &settings.data {
         warn_open(dir);
     }
 
     let app = Arc::new(App {
-        core: CoreHandle { tx },
+        shards,
         relay: relay.clone(),
         network: settings.network.clone(),
         clock_tolerance: config.policies.clock_tolerance,
@@ -627,7 +622,6 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         health,
         log_events: settings.log_format == settings::LogFormat::Json,
         hub: hub::Hub::default(),
-        wake: wake_tx,
         peers: outbound::Peers::for_attempts(
             config.attempt_timeout,
             outbound::Rules::on(&settings.network, settings.allow_private_peers),
@@ -636,9 +630,11 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         core_calls: std::sync::atomic::AtomicU64::new(0),
         preverify: pre,
     });
-    // The first tick runs at once: its events end with the core's next wake-up.
-    app.wake.send_replace(Some(now_ms()));
-    tokio::spawn(timer(app.clone(), wake_rx));
+    // Each core's first tick runs at once: its events end with that core's next wake-up.
+    for (index, wake_rx) in timers.into_iter().enumerate() {
+        app.shards[index].wake.send_replace(Some(now_ms()));
+        tokio::spawn(timer(app.clone(), index as u32, wake_rx));
+    }
 
     // The admin listener's address, for `relay admin` and scripts, before either listener
     // serves: once the public port answers, the file names this process's admin listener.
@@ -685,6 +681,109 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         shutdown: Some(stop_tx),
         done,
     })
+}
+
+/// What one shard's core thread starts from.
+struct CoreStart {
+    index: u32,
+    engine: wasmtime::Engine,
+    component: std::path::PathBuf,
+    /// Its SQLite file; `None`: in memory.
+    store_path: Option<std::path::PathBuf>,
+    config_json: String,
+    seed: [u8; 32],
+    admin_token: String,
+    preverify: Option<Arc<Preverify>>,
+    faults: Option<Arc<store::Faults>>,
+    metrics: Arc<ops::HostMetrics>,
+    health: Arc<ops::Health>,
+    wake: watch::Sender<Option<u64>>,
+}
+
+/// Starts the thread that owns one shard's core, and returns its handle once the core
+/// loaded over its storage (or why it could not).
+///
+/// If the core traps and no fresh instance can be made over the storage, the relay does not
+/// go on: it logs why and exits the process with status 70.
+fn spawn_core(s: CoreStart) -> anyhow::Result<CoreHandle> {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    let name = match s.index {
+        0 => "relay-core".to_string(),
+        k => format!("relay-core-{k}"),
+    };
+    std::thread::Builder::new().name(name).spawn(move || {
+        let store = match &s.store_path {
+            Some(p) => SqliteStore::open(p)
+                .map(AnyStore::Sqlite)
+                .map_err(|e| anyhow::anyhow!("{e}")),
+            None => Ok(AnyStore::Memory(MemoryStore::new())),
+        };
+        let store = match &s.faults {
+            Some(f) => store.map(|st| AnyStore::Faulty(Box::new(st), f.clone())),
+            None => store,
+        };
+        let core = store.and_then(|st| {
+            Core::load(
+                &s.engine,
+                &s.component,
+                st,
+                s.config_json,
+                s.seed,
+                Some(s.admin_token),
+            )
+            .map_err(|e| anyhow::anyhow!("loading {}: {e:#}", s.component.display()))
+        });
+        let mut core = match core {
+            Ok(mut c) => {
+                c.set_preverify(s.preverify);
+                c.set_faults(s.faults);
+                let _ = ready_tx.send(Ok(()));
+                c
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
+        // `RELAY_GROUP_COMMIT=0` commits each call alone and `=N` caps a group at N calls
+        // (to measure what grouping and its size pay).
+        let max_group = match std::env::var("RELAY_GROUP_COMMIT").map(|v| v.parse::<usize>()) {
+            Ok(Ok(n)) => n.max(1),
+            _ => MAX_GROUP,
+        };
+        // Jobs run until every handle is gone; the last group's commit finishes first.
+        let (mut traps, mut restarts) = (0, 0);
+        while let Ok(job) = rx.recv() {
+            match job {
+                Job::Call(first) => {
+                    let alone = run_group(
+                        &mut core, first, &rx, max_group, &s.metrics, &s.health, &s.wake,
+                    );
+                    if let Some(f) = alone {
+                        f(&mut core);
+                    }
+                }
+                Job::Alone(f) => f(&mut core),
+            }
+            if core.traps != traps || core.restarts != restarts {
+                s.metrics.traps.inc_by(core.traps - traps);
+                s.metrics.restarts.inc_by(core.restarts - restarts);
+                (traps, restarts) = (core.traps, core.restarts);
+            }
+            if core.failed() {
+                s.health.set_core_failed();
+                // Fail closed: without an instance over the real storage nothing can be
+                // answered truthfully, so the process stops (a supervisor restarts it).
+                tracing::error!(
+                    "the relay core could not be restarted after a trap; exiting (status 70)"
+                );
+                std::process::exit(70);
+            }
+        }
+    })?;
+    ready_rx.recv().context("the core thread died")??;
+    Ok(CoreHandle { tx })
 }
 
 type Alone = Box<dyn FnOnce(&mut Core) + Send>;
@@ -759,7 +858,7 @@ pub const RETRY_MAX_MS: u64 = 10_000;
 /// group commit that failed, is retried, first after [`RETRY_FIRST_MS`], then after twice
 /// as long each time in a row, up to [`RETRY_MAX_MS`] (never in a tight loop); the first
 /// tick that succeeds ends the backoff.
-async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
+async fn timer(app: Arc<App>, shard: u32, mut wake: watch::Receiver<Option<u64>>) {
     let mut backoff = 0u64;
     let mut not_before = tokio::time::Instant::now();
     loop {
@@ -779,7 +878,7 @@ async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
         tokio::select! {
             _ = sleep => {
                 let metrics = app.metrics.clone();
-                let ran = app.core.run(move |c| {
+                let ran = app.core(shard).run(move |c| {
                     let started = std::time::Instant::now();
                     let r = c.tick(now_ms());
                     metrics.tick_duration.observe(started.elapsed().as_secs_f64());
@@ -818,14 +917,14 @@ async fn timer(app: Arc<App>, mut wake: watch::Receiver<Option<u64>>) {
                 // What the core said after this tick stands, unless a wake-up was asked for
                 // meanwhile (another call's events): then the earlier of the two.
                 let meanwhile = wake.has_changed().unwrap_or(false);
-                app.wake.send_modify(|w| {
+                app.shards[shard as usize].wake.send_modify(|w| {
                     *w = match (meanwhile, *w, next) {
                         (true, Some(a), Some(b)) => Some(a.min(b)),
                         (true, Some(a), None) => Some(a),
                         _ => next,
                     }
                 });
-                app.dispatch(events);
+                app.dispatch(shard, events);
             }
             changed = wake.changed() => {
                 if changed.is_err() {

@@ -141,6 +141,10 @@ struct ServeArgs {
     /// non-public peer addresses too (private deployments).
     #[arg(long)]
     allow_private_peers: bool,
+    /// Shard accounts over N cores, each on a thread with a SQLite file of its own
+    /// (default 1; fixed at the data's first start).
+    #[arg(long, value_name = "N")]
+    shards: Option<u32>,
 }
 
 fn settings(a: ServeArgs) -> anyhow::Result<Settings> {
@@ -180,6 +184,9 @@ fn settings(a: ServeArgs) -> anyhow::Result<Settings> {
     }
     if a.attempt_timeout.is_some() {
         s.attempt_timeout = a.attempt_timeout;
+    }
+    if let Some(n) = a.shards {
+        s.shards = n;
     }
     for p in &a.policies {
         s.apply_policy(p)?;

@@ -13,7 +13,7 @@
 //! Key fetches for inbound relay requests are limited by the core's key book; the host only
 //! makes concurrent requests for one relay's key share one GET ([`KeyGets`]).
 
-use crate::guest::{Fetch, PeerRequest};
+use crate::guest::{Fetch, HttpRequest, Listener, PeerRequest, Step};
 use crate::ops::AttemptOutcome;
 use crate::{now_ms, App};
 use bytes::Bytes;
@@ -298,7 +298,10 @@ pub struct KeyGets {
 /// Takes a fetch off the in-flight map however it ends, waking its waiters.
 struct InFlight {
     app: Arc<App>,
+    /// The in-flight map's key: the shard that asked, and the relay.
+    key: String,
     relay: String,
+    shard: u32,
     done: watch::Sender<bool>,
 }
 
@@ -310,7 +313,7 @@ impl Drop for InFlight {
             .inflight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.relay);
+            .remove(&self.key);
         let _ = self.done.send(true);
     }
 }
@@ -319,7 +322,10 @@ impl Drop for InFlight {
 /// rules), reports what came with `key_fetched`, and returns once that report is in; if a GET
 /// for `relay` is already in flight, waits for it instead. The GET runs on its own task, so
 /// a request that goes away meanwhile does not abandon it.
-pub async fn fetch_key(app: &Arc<App>, relay: String, url: String) {
+///
+/// Each shard's core keeps its own key book, so the report goes to the shard that asked.
+pub async fn fetch_key(app: &Arc<App>, shard: u32, relay: String, url: String) {
+    let key = format!("{shard} {relay}");
     let mut done = {
         let mut m = app
             .peers
@@ -327,15 +333,17 @@ pub async fn fetch_key(app: &Arc<App>, relay: String, url: String) {
             .inflight
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        match m.get(&relay) {
+        match m.get(&key) {
             Some(rx) => rx.clone(),
             None => {
                 let (tx, rx) = watch::channel(false);
-                m.insert(relay.clone(), rx.clone());
+                m.insert(key.clone(), rx.clone());
                 app.peers.keys.started.fetch_add(1, Ordering::Relaxed);
                 let guard = InFlight {
                     app: app.clone(),
+                    key,
                     relay,
+                    shard,
                     done: tx,
                 };
                 tokio::spawn(async move {
@@ -363,7 +371,7 @@ pub async fn fetch_key(app: &Arc<App>, relay: String, url: String) {
                     let relay = guard.relay.clone();
                     guard
                         .app
-                        .core
+                        .core(guard.shard)
                         .run(move |c| {
                             c.key_fetched(&relay, &fetch, now_ms());
                             Some(())
@@ -545,25 +553,72 @@ impl Default for Peers {
     }
 }
 
-/// Carries one `send` event (the core built and signed it) and reports what became of it.
-pub async fn attempt(app: Arc<App>, req: PeerRequest) {
-    let started = std::time::Instant::now();
-    let headers: Vec<(&str, &str)> = req
-        .headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let within = Duration::from_millis(req.timeout_ms.max(1));
-    let exchange = app
-        .peers
-        .exchange_within(
-            hyper::Method::POST,
-            &req.url,
-            &headers,
-            req.body.clone(),
-            within,
-        )
+/// Runs `request` on shard `shard`'s core, as a request from the network would run there,
+/// and executes its events for that shard: how a sharded relay reaches its own sibling
+/// shards (a delivery between them, a route one of them holds), with no network between.
+pub async fn internal(app: &Arc<App>, shard: u32, request: HttpRequest) -> Fetch {
+    let request = Arc::new(request);
+    let r = request.clone();
+    let step = app
+        .core(shard)
+        .run(move |c| Some(c.handle(&r, None, now_ms())))
         .await;
+    match step {
+        Some(Step::Respond(mut r)) => {
+            app.dispatch(shard, std::mem::take(&mut r.events));
+            Fetch::Answered((r.status, r.body))
+        }
+        // A sibling authenticates by the relay's own key and asks for nothing else.
+        Some(_) => Fetch::Answered((500, relay_core::transport::Response::uncommitted().body)),
+        // Its group commit failed: nothing was accepted there, and nothing is known here.
+        None => Fetch::Unknown,
+    }
+}
+
+/// Carries one `send` event (the core built and signed it) of shard `shard`'s core and
+/// reports what became of it: over the network, or to the sibling shard it names.
+pub async fn attempt(app: Arc<App>, shard: u32, req: PeerRequest) {
+    let started = std::time::Instant::now();
+    let exchange = match req.shard {
+        Some(sibling) => {
+            let path = req
+                .url
+                .strip_prefix(req.target.as_str())
+                .unwrap_or(&req.url)
+                .to_string();
+            let request = HttpRequest {
+                listener: Listener::Public,
+                method: "POST".into(),
+                path,
+                query: String::new(),
+                headers: req.headers.clone(),
+                body: req.body.clone(),
+                origin: None,
+            };
+            match internal(&app, sibling, request).await {
+                Fetch::Answered((s, body)) => Exchange::Answered(s, body),
+                Fetch::NotSent => Exchange::NotSent("the sibling shard".into()),
+                Fetch::Unknown => Exchange::Unknown("the sibling shard's commit failed".into()),
+            }
+        }
+        None => {
+            let headers: Vec<(&str, &str)> = req
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let within = Duration::from_millis(req.timeout_ms.max(1));
+            app.peers
+                .exchange_within(
+                    hyper::Method::POST,
+                    &req.url,
+                    &headers,
+                    req.body.clone(),
+                    within,
+                )
+                .await
+        }
+    };
     let (fetch, seen) = match exchange {
         Exchange::Answered(200, body) => (Fetch::Answered((200, body)), AttemptOutcome::Answered),
         Exchange::Answered(s, body) => {
@@ -589,12 +644,12 @@ pub async fn attempt(app: Arc<App>, req: PeerRequest) {
         let (task, f) = (req.task.clone(), fetch.clone());
         let attempt = req.attempt;
         let kept = app
-            .core
+            .core(shard)
             .run(move |c| Some(c.fetched(&task, attempt, &f, now_ms())))
             .await;
         let why = match kept {
             Some(Ok(events)) => {
-                app.dispatch(events);
+                app.dispatch(shard, events);
                 return;
             }
             Some(Err(why)) => why,

@@ -4,7 +4,7 @@
 //! too), `/metrics` and health checks. The host keeps the sockets, the WebSocket protocol,
 //! the busy admission and the backup's file work.
 
-use crate::guest::{HttpRequest, HttpResponse, Listener, Step, Upgrade};
+use crate::guest::{HttpRequest, HttpResponse, Listener, RouteWanted, Step, Upgrade};
 use crate::hub::Outgoing;
 use crate::net::PeerAddr;
 use crate::{now_ms, App};
@@ -79,7 +79,22 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 
 /// The core's counts, then the host's own, in the Prometheus text format (0.0.4).
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let core = app.core.run(|c| Some(c.metrics())).await;
+    let mut texts = Vec::new();
+    let mut failed = None;
+    for k in 0..app.shard_count() {
+        match app.core(k).run(|c| Some(c.metrics())).await {
+            Some(Ok(text)) => texts.push(text),
+            other => {
+                failed = Some(other);
+                break;
+            }
+        }
+    }
+    let core = match failed {
+        Some(f) => f,
+        None if texts.len() == 1 => texts.pop().map(Ok),
+        None => Some(Ok(merged(&texts))),
+    };
     match core {
         Some(Ok(mut text)) => {
             text.push_str(&app.metrics.render());
@@ -99,6 +114,65 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             "text/plain; charset=utf-8",
             "the core's metrics could not be read\n".into(),
         ),
+    }
+}
+
+/// The shards' metrics as one exposition: each family described once (from shard 0's
+/// text) and followed by every shard's samples of it, each with `shard="k"`, so a family's
+/// lines stay together as the text format wants.
+fn merged(texts: &[String]) -> String {
+    // Per shard: family name -> its sample lines, labelled.
+    let mut per_shard: Vec<std::collections::HashMap<&str, Vec<String>>> = Vec::new();
+    let mut order: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (k, text) in texts.iter().enumerate() {
+        let mut families: std::collections::HashMap<&str, Vec<String>> = Default::default();
+        let mut family = "";
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# ") {
+                let name = rest.split(' ').nth(1).unwrap_or("");
+                if name != family {
+                    family = name;
+                    if k == 0 {
+                        order.push((name, Vec::new()));
+                    }
+                }
+                if k == 0 {
+                    if let Some((_, head)) = order.last_mut() {
+                        head.push(line);
+                    }
+                }
+                continue;
+            }
+            families
+                .entry(family)
+                .or_default()
+                .push(labelled(line, k as u32));
+        }
+        per_shard.push(families);
+    }
+    let mut out = String::new();
+    for (family, head) in &order {
+        for line in head {
+            out.push_str(line);
+            out.push('\n');
+        }
+        for shard in &per_shard {
+            for line in shard.get(family).into_iter().flatten() {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// One sample line with `shard="k"` as its first label.
+fn labelled(line: &str, shard: u32) -> String {
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    let (name, rest) = line.split_at(name_end);
+    match rest.strip_prefix('{') {
+        Some(labels) => format!("{name}{{shard=\"{shard}\",{labels}"),
+        None => format!("{name}{{shard=\"{shard}\"}}{rest}"),
     }
 }
 
@@ -338,13 +412,14 @@ async fn serve(
         }
         _ => {}
     }
+    let shard = app.shard_of(&request);
     let request = Arc::new(request);
-    let mut rounds = 0;
+    let (mut rounds, mut route_rounds) = (0, 0);
     loop {
         let (r, s) = (request.clone(), sending.clone());
         app.core_calls.fetch_add(1, Ordering::Relaxed);
         let step = app
-            .core
+            .core(shard)
             .run_holding(slot.clone(), move |c| {
                 Some(c.handle(&r, s.as_deref(), now_ms()))
             })
@@ -360,12 +435,12 @@ async fn serve(
                         App::log_accepted(m, &v);
                     }
                 }
-                app.dispatch(events);
+                app.dispatch(shard, events);
                 return core_response(r);
             }
             Step::FetchKey(k) if rounds < KEY_ROUNDS => {
                 rounds += 1;
-                crate::outbound::fetch_key(&app, k.relay, k.url).await;
+                crate::outbound::fetch_key(&app, shard, k.relay, k.url).await;
             }
             Step::FetchKey(_) => {
                 return native_response(transport::Response::fail(
@@ -385,14 +460,48 @@ async fn serve(
                     .max_message_size(limit)
                     .max_frame_size(limit)
                     .on_failed_upgrade(|e| tracing::debug!("websocket upgrade failed: {e}"))
-                    .on_upgrade(move |socket| serve_socket(app, socket, u, origin))
+                    .on_upgrade(move |socket| serve_socket(app, shard, socket, u, origin))
                     .into_response();
             }
-            Step::Backup(path) => return backup(&app, path).await,
-            // A relay of one shard never waits for a sibling's route.
-            Step::FetchRoute(_) => return native_response(transport::Response::uncommitted()),
+            Step::Backup(path) => return backup(&app, shard, path).await,
+            Step::FetchRoute(w) if route_rounds < KEY_ROUNDS => {
+                route_rounds += 1;
+                sibling_route(&app, shard, w).await;
+            }
+            Step::FetchRoute(_) => {
+                return native_response(transport::Response::fail(
+                    relay_core::ErrorCode::Unavailable,
+                    "the shard holding the recipient's route did not answer; retry",
+                ))
+            }
         }
     }
+}
+
+/// Asks sibling shard `w.shard` for `w.account`'s route (`route.get`, as a public request to
+/// its core) and reports the answer to shard `shard`, whose call waits for it.
+async fn sibling_route(app: &Arc<App>, shard: u32, w: RouteWanted) {
+    let mut body = Vec::with_capacity(64);
+    body.extend_from_slice(b"{\"account\":");
+    relay_core::wire::canonical::write_string(&w.account, &mut body);
+    body.push(b'}');
+    let request = HttpRequest {
+        listener: Listener::Public,
+        method: "POST".into(),
+        path: "/v1/route.get".into(),
+        query: String::new(),
+        headers: Vec::new(),
+        body,
+        origin: None,
+    };
+    let fetch = crate::outbound::internal(app, w.shard, request).await;
+    let account = w.account;
+    app.core(shard)
+        .run(move |c| {
+            c.route_fetched(&account, &fetch);
+            Some(())
+        })
+        .await;
 }
 
 /// Whether a relay request's headers pass the core's cheap checks (to, method, clock),
@@ -429,11 +538,11 @@ fn prechecked(app: &App, req: &HttpRequest) -> bool {
 
 /// `POST /admin/v1/backup {"path": FILE}` as the core accepted it: a consistent copy of the
 /// database to FILE (an absolute path on the relay's machine), taken between commit groups.
-async fn backup(app: &App, path: String) -> Response {
+async fn backup(app: &App, shard: u32, path: String) -> Response {
     let path = std::path::PathBuf::from(path);
     let started = std::time::Instant::now();
     let target = path.clone();
-    match app.core.alone(move |c| c.backup(&target)).await {
+    match app.core(shard).alone(move |c| c.backup(&target)).await {
         Ok(bytes) => {
             tracing::info!(path = %path.display(), bytes, ms = started.elapsed().as_millis() as u64, "backup written");
             let mut o = Object::new();
@@ -471,7 +580,13 @@ fn close_code(e: axum::Error) -> Option<(u16, &'static str)> {
 /// answers, notifications and pings go out through a queue of `--ws-send-queue` messages
 /// (a client that lets it fill is dropped); a ping every `--ws-ping-interval`, and a socket
 /// from which nothing came since the last one is closed.
-async fn serve_socket(app: Arc<App>, socket: WebSocket, info: Upgrade, origin: Option<String>) {
+async fn serve_socket(
+    app: Arc<App>,
+    shard: u32,
+    socket: WebSocket,
+    info: Upgrade,
+    origin: Option<String>,
+) {
     use crate::hub::Outbox;
     use futures_util::{SinkExt, StreamExt};
     /// Takes the socket off `relay_open_websockets` however the task ends.
@@ -580,14 +695,26 @@ async fn serve_socket(app: Arc<App>, socket: WebSocket, info: Upgrade, origin: O
                 }
             }
         }
-        let (token, o, t) = (info.token.clone(), origin.clone(), text.clone());
-        let answer = app
-            .core
-            .run_holding(Some(slot), move |c| {
-                Some(c.message(&token, o.as_deref(), &t, sending, now_ms()))
-            })
-            .await
-            .unwrap_or_else(|| crate::guest::uncommitted_answer(&text));
+        let mut route_rounds = 0;
+        let answer = loop {
+            let (token, o, t) = (info.token.clone(), origin.clone(), text.clone());
+            let answer = app
+                .core(shard)
+                .run_holding(Some(slot.clone()), move |c| {
+                    Some(c.message(&token, o.as_deref(), &t, sending, now_ms()))
+                })
+                .await
+                .unwrap_or_else(|| crate::guest::uncommitted_answer(&text));
+            match answer.route {
+                // The frame waits for a sibling shard's route: ask it, then pass it again.
+                Some(w) if route_rounds < KEY_ROUNDS => {
+                    route_rounds += 1;
+                    sibling_route(&app, shard, w).await;
+                }
+                Some(_) => break crate::guest::uncommitted_answer(&text),
+                None => break answer,
+            }
+        };
         if sending && app.log_events {
             let result = json::parse(answer.text.as_bytes())
                 .ok()
@@ -596,7 +723,7 @@ async fn serve_socket(app: Arc<App>, socket: WebSocket, info: Upgrade, origin: O
                 App::log_accepted("message.send", &v);
             }
         }
-        app.dispatch(answer.events);
+        app.dispatch(shard, answer.events);
         if !out.push(Outgoing::Text(answer.text)) {
             break;
         }
@@ -617,5 +744,23 @@ async fn serve_socket(app: Arc<App>, socket: WebSocket, info: Upgrade, origin: O
         }
     } else {
         writer.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merged;
+
+    #[test]
+    fn shard_metrics_carry_their_shard_and_each_family_stays_together() {
+        let text = "# HELP a_total A.\n# TYPE a_total counter\na_total{kind=\"local\"} 3\n# HELP b B.\n# TYPE b gauge\nb 0\n";
+        let two = [
+            text.to_string(),
+            text.replace(" 3", " 5").replace(" 0", " 1"),
+        ];
+        assert_eq!(
+            merged(&two),
+            "# HELP a_total A.\n# TYPE a_total counter\na_total{shard=\"0\",kind=\"local\"} 3\na_total{shard=\"1\",kind=\"local\"} 5\n# HELP b B.\n# TYPE b gauge\nb{shard=\"0\"} 0\nb{shard=\"1\"} 1\n"
+        );
     }
 }

@@ -128,6 +128,9 @@ pub struct Settings {
     pub ca: Vec<PathBuf>,
     /// Off `dev`, connect to loopback, private, link-local and other non-public peer addresses too.
     pub allow_private_peers: bool,
+    /// Accounts sharded over this many cores, each on a thread of its own with a SQLite
+    /// file of its own (fixed at the data's first start; the core refuses another count).
+    pub shards: u32,
     /// Storage faults and traps on request (tests of the timer's recovery).
     #[doc(hidden)]
     pub faults: Option<std::sync::Arc<crate::store::Faults>>,
@@ -151,6 +154,7 @@ impl Default for Settings {
             tls_key: None,
             ca: Vec::new(),
             allow_private_peers: false,
+            shards: 1,
             faults: None,
         }
     }
@@ -183,6 +187,8 @@ pub struct FileSettings {
     /// One PEM file or a list of them.
     pub ca: Option<OneOrMany>,
     pub allow_private_peers: Option<bool>,
+    /// Cores the accounts are sharded over (fixed at the data's first start).
+    pub shards: Option<u32>,
     #[serde(default)]
     pub policy: BTreeMap<String, u64>,
 }
@@ -256,6 +262,9 @@ impl Settings {
         if let Some(a) = f.allow_private_peers {
             self.allow_private_peers = a;
         }
+        if let Some(n) = f.shards {
+            self.shards = n;
+        }
         for (k, v) in f.policy {
             self.policies.set(&k, v).map_err(anyhow::Error::msg)?;
         }
@@ -268,6 +277,8 @@ impl Settings {
             self.tls_cert.is_some() == self.tls_key.is_some(),
             "--tls-cert and --tls-key go together"
         );
+        relay_core::engine::shard::Shard::new(0, self.shards)
+            .map_err(|e| anyhow::anyhow!("--shards: {e}"))?;
         Ok(())
     }
 
