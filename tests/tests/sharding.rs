@@ -352,3 +352,35 @@ fn the_shard_count_is_fixed_at_the_first_start() {
     let mut e = Engine::new(config, store4, |b: &mut [u8]| b.fill(1));
     assert!(matches!(e.open_store(), Err(OpenError::Shard { .. })));
 }
+
+#[test]
+fn a_sibling_shard_is_limited_as_a_local_delivery_is_not_as_a_foreign_relay() {
+    // deliver_rate limits each foreign source relay; deliveries between shards of one relay
+    // are limited as local deliveries are: by the recipient's own buckets only.
+    let mut w = World::new(9);
+    let r = w.sharded_relay("s", SHARDS);
+    for n in 0..SHARDS as usize {
+        w.nodes[r + n].config.policies.deliver_rate = 1;
+        let seed = 90 + n as u64;
+        w.nodes[r + n].restart(seed);
+    }
+    let alice = w.account(r, 1, true);
+    let mut bobs = Vec::new();
+    while bobs.len() < 3 {
+        let b = w.account(r, 1, true);
+        if b.home != alice.home && bobs.iter().all(|o: &Account| o.home == b.home) {
+            bobs.push(b);
+        }
+    }
+    let mut ids = Vec::new();
+    for b in &bobs {
+        let m = w.message(&alice, 0, b, "x", &Msg::default());
+        w.send(&alice, 0, &m).result.unwrap();
+        ids.push(message_id(&m));
+    }
+    w.pump();
+    for id in ids {
+        let s = w.status(&alice, &id).result.unwrap();
+        assert_eq!(status_of(&s), "target_accepted", "{s:?}");
+    }
+}

@@ -67,7 +67,11 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 "self-delivery is never delivered between relays",
             ));
         }
-        self.take_token("deliver", peer.as_str(), self.cfg.policies.deliver_rate)?;
+        // A sibling shard of this relay is not a foreign source: as for a local delivery,
+        // only the recipient's own limits apply (the sender's shard took its send_rate).
+        if peer != self.cfg.relay {
+            self.take_token("deliver", peer.as_str(), self.cfg.policies.deliver_rate)?;
+        }
         self.take_sender_allowance(&inc)?;
         self.take_token(
             "deliver_to",
