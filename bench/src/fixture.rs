@@ -223,6 +223,64 @@ pub fn build(relay: &str, sends: usize, delivers: usize, seed: u64) -> Fixture {
     }
 }
 
+/// Accounts that send to each other: `accounts` registered at `relay` (sessions opened
+/// with the bodies in `accounts`), and `sends` message.send params, each from one account
+/// to another (or to itself, with `to_self`) drawn at random. On a sharded relay most go
+/// between shards: with `k` shards, `(k - 1) / k` of them.
+pub fn mesh(relay: &str, accounts: usize, sends: usize, to_self: bool, seed: u64) -> Fixture {
+    let mut fx = build(relay, 0, 0, seed);
+    let now = now_ms();
+    let extra: Vec<Account> = (fx.senders.len()..accounts)
+        .map(|_| account(&mut fx.rng))
+        .collect();
+    for a in &extra {
+        let mut p = Object::new();
+        p.insert(
+            "route",
+            draft::route(NET, &a.key.id(), relay, 1, now).sign(&a.key),
+        );
+        p.insert("certificate", a.cert.clone());
+        p.insert("discoverable", true);
+        let open = draft::session_open(
+            NET,
+            relay,
+            &a.key.id(),
+            &a.device.id(),
+            now,
+            &random_id(&mut fx.rng),
+        )
+        .sign(&a.device);
+        // Before the recipient, which stays last.
+        let at = fx.accounts.len() - 1;
+        fx.accounts.insert(
+            at,
+            Local {
+                register: canonical::object_to_vec(&p),
+                session_open: canonical::object_to_vec(&open),
+            },
+        );
+    }
+    fx.senders.extend(extra);
+    let n = fx.senders.len();
+    fx.sends = (0..sends)
+        .map(|i| {
+            use rand::Rng;
+            let s = i % n;
+            let to = if to_self {
+                s
+            } else {
+                (s + fx.rng.gen_range(1..n)) % n
+            };
+            let (env, boxes) = message(&mut fx.rng, &fx.senders[s], &fx.senders[to], now);
+            let mut p = Object::new();
+            p.insert("envelope", env);
+            p.insert("recipient_boxes", boxes);
+            (s, canonical::object_to_vec(&p))
+        })
+        .collect();
+    fx
+}
+
 /// The session token in a session.open answer.
 pub fn token(body: &[u8]) -> Option<String> {
     relay_core::wire::json::parse_object(body)

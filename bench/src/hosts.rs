@@ -1,4 +1,4 @@
-//! The two hosts as child processes serving loopback HTTP.
+//! The hosts as child processes serving loopback HTTP.
 
 use relay_host_wasmtime::admin_client;
 use std::path::{Path, PathBuf};
@@ -30,7 +30,14 @@ fn free_port() -> anyhow::Result<u16> {
 
 impl Host {
     /// Starts `program args... --listen --data --policy...` and waits until it answers.
-    async fn start(mut cmd: Command, dir: &Path) -> anyhow::Result<Host> {
+    async fn start(cmd: Command, dir: &Path) -> anyhow::Result<Host> {
+        // Every load generator's connection comes from 127.0.0.1: the per-address cap
+        // (64 by default) would refuse the c=128 rows.
+        Host::start_with(cmd, dir, &["--max-connections-per-ip", "4096"]).await
+    }
+
+    /// [`Host::start`] with these flags after the common ones.
+    async fn start_with(mut cmd: Command, dir: &Path, flags: &[&str]) -> anyhow::Result<Host> {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir)?;
         let port = free_port()?;
@@ -40,9 +47,7 @@ impl Host {
         for p in POLICIES {
             cmd.args(["--policy", p]);
         }
-        // Every load generator's connection comes from 127.0.0.1: the per-address cap
-        // (64 by default) would refuse the c=128 rows.
-        cmd.args(["--max-connections-per-ip", "4096"]);
+        cmd.args(flags);
         let child = cmd
             .env("RELAY_LOG", "warn")
             .stdout(Stdio::null())
@@ -68,6 +73,26 @@ impl Host {
         let mut cmd = Command::new(exe);
         cmd.arg("serve");
         Host::start(cmd, dir).await
+    }
+
+    /// The wasmtime host with its accounts sharded over `shards` cores.
+    pub async fn wasmtime_sharded(exe: &Path, dir: &Path, shards: u32) -> anyhow::Result<Host> {
+        let mut cmd = Command::new(exe);
+        cmd.arg("serve").args(["--shards", &shards.to_string()]);
+        Host::start(cmd, dir).await
+    }
+
+    /// The edge host on workerd (`host-edge/bin/relay-edge serve`), with `shards` Durable
+    /// Objects. workerd has no per-address connection cap to lift.
+    pub async fn edge(root: &Path, dir: &Path, shards: u32) -> anyhow::Result<Host> {
+        let mut cmd = Command::new(root.join("host-edge/bin/relay-edge"));
+        cmd.arg("serve").args(["--shards", &shards.to_string()]);
+        Host::start_with(cmd, dir, &[]).await
+    }
+
+    /// The data directory (its `admin.url` and `admin.token` reach the operator API).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The Node host: `node host-node/bin/relay-node.js serve`.

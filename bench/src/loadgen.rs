@@ -86,7 +86,14 @@ pub async fn level(
                     .post(&target, &[("authorization", &tokens[*s])], body.clone())
                     .await
                 {
-                    Ok((200, b)) if fixture::status(&b).as_deref() == Some("target_accepted") => {
+                    // Accepted: ended at once (a local delivery) or under way (a delivery to
+                    // a sibling shard or another relay).
+                    Ok((200, b))
+                        if matches!(
+                            fixture::status(&b).as_deref(),
+                            Some("target_accepted" | "delivering")
+                        ) =>
+                    {
                         lat.push(t.elapsed())
                     }
                     Ok((status, b)) => failures.push(format!(

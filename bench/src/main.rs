@@ -2,7 +2,8 @@
 //!
 //! In one process tree and one sitting: the native floor, the engine natively
 //! (memory and SQLite), the wasmtime component and the Node build in-process,
-//! and both hosts over loopback HTTP driven by the load generator. Every
+//! the three hosts over loopback HTTP driven by the load generator, and the
+//! sharded hosts at 1, 2 and 4 shards (`shards.rs`). Every
 //! figure is also given as a ratio to the native engine measured in the
 //! same run. Results go to `<target>/bench/results.json`.
 
@@ -14,6 +15,7 @@ mod loadgen;
 mod node;
 mod report;
 mod scale;
+mod shards;
 
 use relay_host_wasmtime::store::AnyStore;
 use report::Report;
@@ -26,6 +28,8 @@ struct Sizes {
     syncs: usize,
     http_per_level: usize,
     concurrencies: Vec<usize>,
+    /// Sends of each workload at each shard count.
+    shard_sends: usize,
     scale: scale::Scale,
 }
 
@@ -38,6 +42,7 @@ impl Sizes {
                 syncs: 100,
                 http_per_level: 400,
                 concurrencies: vec![4, 32],
+                shard_sends: 1000,
                 scale: scale::Scale {
                     small: 1_000,
                     large: 5_000,
@@ -51,6 +56,7 @@ impl Sizes {
                 syncs: 500,
                 http_per_level: 5000,
                 concurrencies: vec![1, 8, 32, 128],
+                shard_sends: 6000,
                 scale: scale::Scale {
                     small: 1_000,
                     large: 100_000,
@@ -170,6 +176,12 @@ async fn http(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> 
             hosts::Host::node(&root(), &scratch.join("http-node")).await?,
         ));
     }
+    if !skip.iter().any(|s| s == "edge") {
+        hosts.push((
+            "edge host (workerd), HTTP",
+            hosts::Host::edge(&root(), &scratch.join("http-edge"), 1).await?,
+        ));
+    }
     for (name, host) in hosts {
         eprintln!("{name}");
         let fx = fixture::build(&host.url, n, 0, 2);
@@ -275,7 +287,8 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-const USAGE: &str = "usage: ./x bench [--quick] [--skip inprocess,http,node,wasmtime,scale] \
+const USAGE: &str =
+    "usage: ./x bench [--quick] [--skip inprocess,http,node,wasmtime,edge,shards,scale] \
 [--concurrency 8,32,128] [--scale-large N] [--soak N] [--out DIR]";
 
 /// Parses the flags; anything unknown or malformed is an error, never a silent full run.
@@ -300,7 +313,16 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--skip" => {
                 a.skip = value()?.split(',').map(str::to_string).collect();
                 if let Some(bad) = a.skip.iter().find(|s| {
-                    !["inprocess", "http", "node", "wasmtime", "scale"].contains(&s.as_str())
+                    ![
+                        "inprocess",
+                        "http",
+                        "node",
+                        "wasmtime",
+                        "edge",
+                        "shards",
+                        "scale",
+                    ]
+                    .contains(&s.as_str())
                 }) {
                     return Err(format!("--skip: unknown part {bad:?}"));
                 }
@@ -384,6 +406,17 @@ async fn main() -> anyhow::Result<()> {
     }
     if !skip.iter().any(|s| s == "http") {
         http(&mut rep, &sz, &scratch, &skip).await?;
+    }
+    if !skip.iter().any(|s| s == "shards") {
+        shards::run(
+            &mut rep,
+            &root(),
+            &relay_exe()?,
+            &scratch,
+            &skip,
+            sz.shard_sends,
+        )
+        .await?;
     }
     // `--soak N` (e.g. 1000000): memory of each host across N accepted messages; not in the full run.
     if let Some(total) = soak_total {
