@@ -169,6 +169,24 @@ impl World {
         first
     }
 
+    /// Adds a relay `http://{name}.test` of `count` shards, each with the policies `tune`
+    /// gives (then its shard). Returns shard 0's node; shard `i` is node `first + i`.
+    pub fn sharded_relay_with(
+        &mut self,
+        name: &str,
+        count: u32,
+        tune: impl Fn(&mut Config),
+    ) -> usize {
+        let first = self.nodes.len();
+        for i in 0..count {
+            self.relay_with(name, |c| {
+                tune(c);
+                c.shard = Shard::new(i, count).expect("shard");
+            });
+        }
+        first
+    }
+
     /// The node of relay `id` that serves `account` (the relay's only node, unsharded).
     pub fn node_serving(&self, id: &RelayId, account: &str) -> Option<usize> {
         let mut nodes = self.nodes.iter().enumerate().filter(|(_, n)| &n.id == id);

@@ -74,6 +74,23 @@
 //! operation claims success after its commit failed, and no tick quarantines an
 //! entry over a storage fault. The final checks read with faults off.
 //!
+//! Sharded relays (issue 20): in every third seed (seed % 3 == 2) one or more relays run
+//! as 2 to 4 shards, each an engine over storage of its own with its own disk faults
+//! (`World::sharded_relay_with`), so deliveries between accounts on different shards of a
+//! relay, and between sharded and unsharded relays, go through every fault above. The
+//! layout is drawn from a generator of its own and every draw a sharded world adds is made
+//! only where a relay is sharded: the other seeds run exactly the worlds they ran before,
+//! and `RELAY_SIM_SHARDS=0` runs a sharded seed's world as it was before sharding. The
+//! network hands a request that names a sibling shard (`InFlight.shard`) to that shard,
+//! under the same faults as any other, and a request to a sharded relay to the shard its
+//! router picks (`placement::shard_of`, as `World::target_node`); a client call goes to
+//! the shard serving its account, and the harness checks that the router would place it
+//! there too. A `message.send` waiting for a sibling's route (`Engine::wanted_route`) is
+//! answered as a sharded host does: `route.get` on that sibling (through its host, its
+//! storage faults, and the network's losses and outages), reported, and the call submitted
+//! again. A restart of a sharded relay restarts all its shards, one of them, or each in
+//! turn. Every account-keyed check reads the account's shard.
+//!
 //! `cargo test --release -p relay-tests --test simulation` runs seeds 0..1000;
 //! `RELAY_SIM_SEED=N` replays seed N alone and prints its event trace
 //! (`RELAY_SIM_STORAGE_FAULTS=0`: the same run without storage faults);
@@ -82,11 +99,13 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use relay_core::client::{draft, random_id};
+use relay_core::engine::shard::{Shard, SiblingRoute};
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{
     error_body, Caller, Effect, Engine, MemoryStore, Outcome, PeerMethod, Response, Storage,
     StorageError,
 };
+use relay_core::transport::{placement, Listener, Request};
 use relay_core::wire::canonical;
 use relay_core::wire::json::{self, Object, Value};
 use relay_core::{Error, ErrorCode};
@@ -208,6 +227,25 @@ stats! {
     accepted_unanswered,
     /// Terminal checks postponed until the source ticked past the deadline or answered.
     terminal_check_waits,
+    /// Sharded relays, and the shard engines they run.
+    sharded_relays,
+    shard_engines,
+    /// target_accepted messages checked whose recipient was on another shard of the source's relay.
+    cross_shard_checked,
+    /// ... and whose source or recipient was on a sharded relay, across relays.
+    sharded_cross_relay_checked,
+    /// Requests a shard emitted for a sibling shard (`InFlight.shard`), of which route.get,
+    /// and the not_home_relay answers siblings gave (the recipient moved off the relay).
+    sibling_requests,
+    sibling_route_gets,
+    sibling_route_errors,
+    /// Sibling routes fetched for a message.send that waited for one, and those that failed.
+    sibling_route_fetches,
+    sibling_route_failures,
+    /// Sibling routes the sibling held none of (the send is then not_found).
+    sibling_route_absent,
+    /// Restarts of one shard of a sharded relay while its siblings ran on.
+    shard_restarts,
 }
 
 impl Stats {
@@ -361,7 +399,10 @@ enum Ev {
         relay: usize,
         periodic: bool,
     },
+    /// Relay `r` restarts (a sharded relay: all its shards, one, or each in turn).
     Restart(usize),
+    /// One shard engine (a node) restarts.
+    RestartShard(usize),
     Migrate {
         acct: usize,
         to: usize,
@@ -393,6 +434,8 @@ impl Ev {
 /// A relay unreachable from the network for a while: connections refused, or a black hole.
 struct Outage {
     relay: usize,
+    /// Only this shard of a sharded relay (a node), not the whole relay.
+    node: Option<usize>,
     from: u64,
     until: u64,
     refused: bool,
@@ -662,7 +705,13 @@ struct Sim {
     rng: ChaCha20Rng,
     faults: Faults,
     outages: Vec<Outage>,
-    /// Per relay: delivery age limit, retention.
+    /// Per node (a relay, or one shard of a sharded relay): its relay. Every `usize` named
+    /// relay or node below is a node, which an unsharded relay's index also is; the relay
+    /// indexes the client draws (homes, migrations, restarts, outages) map to nodes here.
+    relay_of: Vec<usize>,
+    /// Per relay: its nodes, shard 0 first.
+    nodes_of: Vec<Vec<usize>>,
+    /// Per node: delivery age limit, retention.
     age_limit: Vec<u64>,
     retention: Vec<u64>,
     accts: Vec<Account>,
@@ -730,6 +779,8 @@ impl Sim {
             rng,
             faults,
             outages: Vec::new(),
+            relay_of: Vec::new(),
+            nodes_of: Vec::new(),
             age_limit: Vec::new(),
             retention: Vec::new(),
             accts: Vec::new(),
@@ -799,12 +850,15 @@ impl Sim {
         p > 0 && self.rng.gen_range(0..1000) < p
     }
 
-    /// Whether relay `n` is unreachable now, and if so whether connections are refused.
+    /// Whether node `n` is unreachable now, and if so whether connections are refused.
     fn outage(&self, n: usize) -> Option<bool> {
         let now = self.w.now;
+        let relay = self.relay_of[n];
         self.outages
             .iter()
-            .find(|o| o.relay == n && o.from <= now && now < o.until)
+            .find(|o| {
+                o.relay == relay && o.node.is_none_or(|m| m == n) && o.from <= now && now < o.until
+            })
             .map(|o| o.refused)
     }
 
@@ -819,7 +873,8 @@ impl Sim {
 
     fn setup(&mut self) {
         let relays = self.rng.gen_range(3..=4usize);
-        for i in 0..relays {
+        let layout = shard_layout(self.seed, relays);
+        for (i, &count) in layout.iter().enumerate() {
             let age_limit = self.rng.gen_range(3..=8) * MIN;
             let retention = self.rng.gen_range(10..=14) * MIN;
             let retry_max = self.rng.gen_range(5..=60) * SEC;
@@ -841,7 +896,7 @@ impl Sim {
             } else {
                 30 * SEC
             };
-            let n = self.w.relay_with(&format!("r{i}"), |c| {
+            let tune = |c: &mut relay_core::engine::Config| {
                 let p = &mut c.policies;
                 p.message_delivery_age_limit = age_limit;
                 p.message_retention = retention;
@@ -854,59 +909,88 @@ impl Sim {
                 }
                 c.max_in_flight_per_destination = in_flight;
                 c.attempt_timeout = timeout;
-            });
-            self.w.nodes[n].skew = self.rng.gen_range(-5_000..=5_000);
-            self.age_limit.push(age_limit);
-            self.retention.push(retention);
-            self.last_tick.push(0);
-            self.same_clock_ticks.push(0);
-            self.epoch.push(0);
-            self.notified.push(0);
-            self.stats.relays += 1;
-            // Storage faults: none on a third of the relays, level 1 to 3 on the others.
-            let level = [0, 0, 1, 1, 2, 3][self.rng.gen_range(0..6)];
-            let level = if storage_faults() { level } else { 0 };
-            let disk = Rc::new(RefCell::new(Disk::new(
-                DiskRates::level(level),
-                self.rng.gen(),
-            )));
-            let engine = self.engine_over(n, &disk);
-            self.engines.push(engine);
-            self.disks.push(disk);
-            self.probe.push(false);
+            };
+            // Named after its first node (relay i's, when no relay is sharded).
+            let name = format!("r{}", self.w.nodes.len());
+            let first = if count == 1 {
+                self.w.relay_with(&name, tune)
+            } else {
+                self.stats.sharded_relays += 1;
+                self.stats.shard_engines += u64::from(count);
+                self.w.sharded_relay_with(&name, count, tune)
+            };
+            let nodes: Vec<usize> = (first..first + count as usize).collect();
+            for &n in &nodes {
+                self.w.nodes[n].skew = if n == first {
+                    self.rng.gen_range(-5_000..=5_000)
+                } else {
+                    // The shards of one relay run on machines of their own (Durable
+                    // Objects), whose clocks agree closely but not exactly.
+                    self.w.nodes[first].skew + self.rng.gen_range(-300..=300)
+                };
+                self.relay_of.push(i);
+                self.age_limit.push(age_limit);
+                self.retention.push(retention);
+                self.last_tick.push(0);
+                self.same_clock_ticks.push(0);
+                self.epoch.push(0);
+                self.notified.push(0);
+                if n == first {
+                    self.stats.relays += 1;
+                }
+                // Storage faults: none on a third of the stores, level 1 to 3 on the others.
+                let level = [0, 0, 1, 1, 2, 3][self.rng.gen_range(0..6)];
+                let level = if storage_faults() { level } else { 0 };
+                let disk = Rc::new(RefCell::new(Disk::new(
+                    DiskRates::level(level),
+                    self.rng.gen(),
+                )));
+                let engine = self.engine_over(n, &disk);
+                self.engines.push(engine);
+                self.disks.push(disk);
+                self.probe.push(false);
+            }
+            self.nodes_of.push(nodes);
         }
-        let accounts = self.rng.gen_range(relays + 1..=relays + 4);
+        if self.verbose {
+            for (r, nodes) in self.nodes_of.iter().enumerate() {
+                let shards: Vec<String> = nodes
+                    .iter()
+                    .map(|&n| {
+                        let s = self.w.nodes[n].config.shard;
+                        format!("r{n} = shard {}/{}", s.index, s.count)
+                    })
+                    .collect();
+                println!(
+                    "relay {r}: {} on {}",
+                    self.relay_str(nodes[0]),
+                    shards.join(", ")
+                );
+            }
+        }
+        let mut accounts = self.rng.gen_range(relays + 1..=relays + 4);
         for i in 0..accounts {
             let home = if i < relays {
                 i
             } else {
                 self.rng.gen_range(0..relays)
             };
-            let devices = if self.rng.gen_bool(0.3) { 2 } else { 1 };
-            let discoverable = self.rng.gen_bool(0.5);
-            let acct = self.w.account(home, devices, discoverable);
-            // The same route World::account registered (same time, deterministic signature).
-            let route = draft::route(
-                NET,
-                &acct.key.id(),
-                &self.relay_str(home),
-                1,
-                self.w.clock(home),
-            )
-            .sign(&acct.key);
-            self.acct_by_id.insert(acct.id(), i);
-            self.sessions.insert((i, home), acct.sessions.clone());
-            self.accts.push(acct);
-            self.discoverable.push(discoverable);
-            self.regs.push(vec![home]);
-            self.routes.push(route);
-            self.migrated.push(false);
-            self.stats.accounts += 1;
+            self.add_account(home);
+        }
+        // A sharded relay gets as many accounts again as it has shards, so that its shards
+        // send to each other.
+        for (r, &count) in layout.iter().enumerate() {
+            if count > 1 {
+                for _ in 0..count {
+                    self.add_account(r);
+                }
+                accounts += count as usize;
+            }
         }
         for a in 0..accounts {
-            for n in 0..relays {
-                if n != self.accts[a].home && self.rng.gen_bool(0.85) {
-                    self.publish(a, n);
+            for r in 0..relays {
+                if r != self.relay_of[self.accts[a].home] && self.rng.gen_bool(0.85) {
+                    self.publish(a, r);
                 }
             }
         }
@@ -944,8 +1028,13 @@ impl Sim {
                 let until = from + self.rng.gen_range(20 * SEC..10 * MIN);
                 let relay = self.rng.gen_range(0..relays);
                 let refused = self.rng.gen_bool(0.5);
+                // A sharded relay may lose one shard only (one Durable Object unreachable).
+                let shards = self.nodes_of[relay].len();
+                let node = (shards > 1 && self.rng.gen_bool(0.5))
+                    .then(|| self.nodes_of[relay][self.rng.gen_range(0..shards)]);
                 self.outages.push(Outage {
                     relay,
+                    node,
                     from,
                     until,
                     refused,
@@ -1003,13 +1092,74 @@ impl Sim {
         }
     }
 
+    /// Registers an account at relay `relay` (on the shard serving it, if sharded).
+    fn add_account(&mut self, relay: usize) {
+        let i = self.accts.len();
+        let devices = if self.rng.gen_bool(0.3) { 2 } else { 1 };
+        let discoverable = self.rng.gen_bool(0.5);
+        let acct = self
+            .w
+            .account(self.nodes_of[relay][0], devices, discoverable);
+        let home = acct.home;
+        if self.relay_of[home] != relay {
+            self.fail(format!("a{i} registered at r{home}, not at relay {relay}"));
+        }
+        for token in &acct.sessions {
+            self.check_token(home, token);
+        }
+        // The same route World::account registered (same time, deterministic signature).
+        let route = draft::route(
+            NET,
+            &acct.key.id(),
+            &self.relay_str(home),
+            1,
+            self.w.clock(home),
+        )
+        .sign(&acct.key);
+        self.acct_by_id.insert(acct.id(), i);
+        self.sessions.insert((i, home), acct.sessions.clone());
+        self.accts.push(acct);
+        self.discoverable.push(discoverable);
+        self.regs.push(vec![home]);
+        self.routes.push(route);
+        self.migrated.push(false);
+        self.stats.accounts += 1;
+    }
+
+    /// The node of relay `relay` that serves account `acct` (the relay's own, unsharded).
+    fn serving(&self, relay: usize, acct: usize) -> usize {
+        let nodes = &self.nodes_of[relay];
+        if nodes.len() == 1 {
+            return nodes[0];
+        }
+        let id = self.w.nodes[nodes[0]].id.clone();
+        match self.w.node_serving(&id, &self.accts[acct].id()) {
+            Some(n) => n,
+            None => self.fail(format!("no shard of relay {relay} serves a{acct}")),
+        }
+    }
+
+    /// A session token of node `n` names its shard (a sharded relay's router reads it).
+    fn check_token(&self, n: usize, token: &str) {
+        let shard = self.w.nodes[n].config.shard;
+        if shard.count > 1 && Shard::of_token(token, shard.count) != shard.index {
+            self.fail(format!(
+                "r{n} (shard {}/{}) gave the session token {token}, which names another shard",
+                shard.index, shard.count
+            ));
+        }
+    }
+
+    /// route.publish of account `acct`'s highest route at relay `relay` (at the shard that
+    /// serves the account, where a sharded relay's router sends it).
     fn publish(&mut self, acct: usize, relay: usize) {
+        let n = self.serving(relay, acct);
         let mut p = Object::new();
         p.insert("route", self.routes[acct].clone());
-        let r = self.client_call(relay, &Caller::Anonymous, "route.publish", &p);
+        let r = self.client_call(n, &Caller::Anonymous, "route.publish", &p);
         if let Err(e) = r.result {
             self.fail(format!(
-                "route.publish of account {acct} at relay {relay}: {e:?}"
+                "route.publish of account {acct} at relay {relay} (r{n}): {e:?}"
             ));
         }
     }
@@ -1127,9 +1277,29 @@ impl Sim {
         method: &str,
         params: &[u8],
     ) -> (Response, OpLog, u64) {
-        let (mut r, log, clock) = self.engine_op(n, |e, now| e.call(caller, method, params, now));
-        let effects = std::mem::take(&mut r.effects);
-        self.host_after(n, clock, effects, &log, false);
+        self.check_placement(n, caller, method, params);
+        let mut asked = 0;
+        let (r, log, clock) = loop {
+            let (mut r, log, clock) =
+                self.engine_op(n, |e, now| e.call(caller, method, params, now));
+            let effects = std::mem::take(&mut r.effects);
+            let wanted = self.engines[n].wanted_route();
+            self.host_after(n, clock, effects, &log, false);
+            let Some(account) = wanted else {
+                break (r, log, clock);
+            };
+            // A sharded host's FetchRoute step: the sibling's route.get, reported, and the
+            // same call submitted again (which takes the answer, so asks no more).
+            if asked > 0 || !matches!(&r.result, Err(e) if e.code == ErrorCode::Unavailable) {
+                self.fail(format!(
+                    "r{n} asked for the route of {account} again, or with {}: {method}",
+                    String::from_utf8_lossy(&r.body())
+                ));
+            }
+            asked += 1;
+            let answer = self.fetch_sibling_route(n, &account);
+            self.engines[n].sibling_route(&account, answer);
+        };
         match &r.result {
             Err(e) if e.code == ErrorCode::Internal => {
                 self.stats.internal_answers += 1;
@@ -1146,6 +1316,80 @@ impl Sim {
             _ => {}
         }
         (r, log, clock)
+    }
+
+    /// What sibling shard of node `n` answers to `route.get` of `account`, as a sharded host
+    /// fetches it for a call that waits for it: through the sibling's host (its storage
+    /// faults), and across whatever joins the shards (lost requests, outages).
+    fn fetch_sibling_route(&mut self, n: usize, account: &str) -> SiblingRoute {
+        self.stats.sibling_route_fetches += 1;
+        let id = self.w.nodes[n].id.clone();
+        let shard = self.w.nodes[n].config.shard;
+        let k = Shard::of_account(account, shard.count);
+        let Some(sib) = self.w.shard_node(&id, k).filter(|_| k != shard.index) else {
+            self.fail(format!(
+                "r{n} (shard {}/{}) asked for the route of {account}, which is its own or no \
+                 shard's (shard {k})",
+                shard.index, shard.count
+            ));
+        };
+        let answer = if self.outage(sib).is_some() || self.permille(self.faults.lost_request) {
+            SiblingRoute::Failed
+        } else {
+            let mut p = Object::new();
+            p.insert("account", account);
+            let bytes = canonical::object_to_vec(&p);
+            let (r, _, _) = self.call_op(sib, &Caller::Anonymous, "route.get", &bytes);
+            match r.result {
+                Ok(v) => match field(&v, "route") {
+                    Some(Value::Object(o)) => SiblingRoute::Route(o.clone()),
+                    _ => self.fail(format!("r{sib} answered route.get without a route")),
+                },
+                Err(e) if e.code == ErrorCode::NotFound => SiblingRoute::Absent,
+                Err(e) if e.code == ErrorCode::Internal => SiblingRoute::Failed,
+                Err(e) => self.fail(format!("r{sib} answered route.get of {account}: {e:?}")),
+            }
+        };
+        match answer {
+            SiblingRoute::Failed => self.stats.sibling_route_failures += 1,
+            SiblingRoute::Absent => self.stats.sibling_route_absent += 1,
+            SiblingRoute::Route(_) => {}
+        }
+        self.trace(|| format!("r{n} fetches the route of {account} from r{sib}: {answer:?}"));
+        answer
+    }
+
+    /// A call to node `n` of a sharded relay is one its router would hand to `n`: a
+    /// session's token names `n`'s shard, other calls name an account `n` serves.
+    fn check_placement(&self, n: usize, caller: &Caller, method: &str, params: &[u8]) {
+        let shard = self.w.nodes[n].config.shard;
+        if shard.count <= 1 {
+            return;
+        }
+        let (path, headers) = match caller {
+            Caller::Relay(_) => (format!("/relay/v1/{method}"), Vec::new()),
+            Caller::Session(t) => (
+                format!("/v1/{method}"),
+                vec![("authorization".to_string(), format!("Bearer {t}"))],
+            ),
+            _ => (format!("/v1/{method}"), Vec::new()),
+        };
+        let req = Request {
+            listener: Listener::Public,
+            method: "POST".into(),
+            path,
+            query: String::new(),
+            headers,
+            body: params.to_vec(),
+            origin: None,
+        };
+        let k = placement::shard_of(&req, shard.count);
+        if k != shard.index {
+            self.fail(format!(
+                "{method} went to r{n} (shard {}/{}), but the router places it on shard {k}",
+                shard.index, shard.count
+            ));
+        }
     }
 
     fn call(&mut self, n: usize, caller: &Caller, method: &str, params: &Object) -> Response {
@@ -1191,10 +1435,12 @@ impl Sim {
             let r = self.call(relay, &Caller::Anonymous, "session.open", &so);
             match r.result {
                 Ok(v) => {
-                    return field(&v, "session")
+                    let token = field(&v, "session")
                         .and_then(Value::as_str)
                         .unwrap_or_default()
-                        .to_string()
+                        .to_string();
+                    self.check_token(relay, &token);
+                    return token;
                 }
                 Err(e) if e.code == ErrorCode::Internal => {
                     self.stats.client_retries += 1;
@@ -1451,25 +1697,58 @@ impl Sim {
                     );
                 }
             }
-            Ev::Restart(n) => {
-                let seed = self.rng.gen();
-                self.w.nodes[n].restart(seed);
-                let disk = self.disks[n].clone();
-                self.engines[n] = self.engine_over(n, &disk);
-                // A host starts by asking when to tick.
-                self.w.nodes[n].wake = None;
-                self.rearm(n, false);
-                self.epoch[n] += 1;
-                self.stats.restarts += 1;
-                self.trace(|| format!("restart r{n}; wake {:?}", self.w.nodes[n].wake));
+            Ev::Restart(relay) => {
+                let nodes = self.nodes_of[relay].clone();
+                if nodes.len() == 1 {
+                    return self.restart(nodes[0]);
+                }
+                // A sharded relay: the whole host, one shard (a Durable Object evicted, a
+                // thread replaced), or each shard in turn (a rolling upgrade).
+                match self.rng.gen_range(0..3) {
+                    0 => {
+                        for n in nodes {
+                            self.restart(n);
+                        }
+                    }
+                    1 => {
+                        let n = nodes[self.rng.gen_range(0..nodes.len())];
+                        self.stats.shard_restarts += 1;
+                        self.restart(n);
+                    }
+                    _ => {
+                        let mut at = self.w.now;
+                        for n in nodes {
+                            self.schedule(at, Ev::RestartShard(n));
+                            at += self.rng.gen_range(0..20 * SEC);
+                        }
+                    }
+                }
+            }
+            Ev::RestartShard(n) => {
+                self.stats.shard_restarts += 1;
+                self.restart(n);
             }
             Ev::Migrate { acct, to } => self.migrate(acct, to),
             Ev::Publish { acct, relay } => {
-                self.trace(|| format!("publish route of a{acct} at r{relay}"));
+                self.trace(|| format!("publish route of a{acct} at relay {relay}"));
                 self.publish(acct, relay);
             }
             Ev::Revoke => self.revoke(),
         }
+    }
+
+    /// Node `n`'s engine restarts over its storage.
+    fn restart(&mut self, n: usize) {
+        let seed = self.rng.gen();
+        self.w.nodes[n].restart(seed);
+        let disk = self.disks[n].clone();
+        self.engines[n] = self.engine_over(n, &disk);
+        // A host starts by asking when to tick.
+        self.w.nodes[n].wake = None;
+        self.rearm(n, false);
+        self.epoch[n] += 1;
+        self.stats.restarts += 1;
+        self.trace(|| format!("restart r{n}; wake {:?}", self.w.nodes[n].wake));
     }
 
     // ---- The network ----
@@ -1507,6 +1786,12 @@ impl Sim {
             PeerMethod::Deliver => self.stats.deliver_requests += 1,
             PeerMethod::RouteGet => self.stats.route_gets += 1,
         }
+        if req.shard.is_some() {
+            self.stats.sibling_requests += 1;
+            if req.method == PeerMethod::RouteGet {
+                self.stats.sibling_route_gets += 1;
+            }
+        }
         let now = self.w.now;
         let f = &self.faults;
         let (na, lost, s429, s503, dup) = (
@@ -1518,15 +1803,17 @@ impl Sim {
         );
         self.trace(|| {
             format!(
-                "r{} emits {} #{} {} -> {}",
+                "r{} emits {} #{} {} -> {}{}",
                 req.source,
                 req.method.as_str(),
                 req.attempt,
                 req.task,
-                req.target.as_str()
+                req.target.as_str(),
+                req.shard.map_or(String::new(), |k| format!(" shard {k}"))
             )
         });
-        let target = self.w.node_of(&req.target);
+        // A sibling shard the request names, or the shard of its target the router picks.
+        let target = self.w.target_node(&req);
         let down = target.and_then(|t| self.outage(t));
         if target.is_none() || down == Some(true) || self.permille(na) {
             self.refused(req);
@@ -1593,7 +1880,7 @@ impl Sim {
 
     /// A request reaches its target, which answers.
     fn arrive(&mut self, req: InFlight, dup: bool, twinned: bool) {
-        let t = self.w.node_of(&req.target).expect("target relay");
+        let t = self.w.target_node(&req).expect("target relay");
         match self.outage(t) {
             // A twin may have been delivered: never claim NotAttempted for a twinned request.
             Some(true) if !twinned => return self.refused(req),
@@ -1630,6 +1917,9 @@ impl Sim {
                 ErrorCode::RateLimited => self.stats.rate_limited += 1,
                 ErrorCode::NotHomeRelay => {
                     self.stats.route_errors += 1;
+                    if req.shard.is_some() {
+                        self.stats.sibling_route_errors += 1;
+                    }
                     if e.data.is_some() && self.permille(self.faults.strip_route) {
                         // An honest but less helpful answer: the route error without data.route.
                         self.stats.stripped_routes += 1;
@@ -1695,6 +1985,26 @@ impl Sim {
             self.fail(format!(
                 "task {} emitted by r{} but accepted by r{source}",
                 req.task, req.source
+            ));
+        }
+        // A request to the source's own relay goes to another shard of it, the recipient's.
+        let own = self.w.nodes[source].id == req.target;
+        let shard = self.w.nodes[source].config.shard;
+        let to = self.accts[self.msgs[k].to].id();
+        let right = match req.shard {
+            None => !own,
+            Some(i) => own && i != shard.index && i == Shard::of_account(&to, shard.count),
+        };
+        if !right {
+            self.fail(format!(
+                "r{source} (shard {}/{}) emitted {} #{} of {} to {} with shard {:?}",
+                shard.index,
+                shard.count,
+                req.method.as_str(),
+                req.attempt,
+                req.task,
+                req.target.as_str(),
+                req.shard
             ));
         }
         let deadline = match accepted {
@@ -2054,7 +2364,10 @@ impl Sim {
                             self.msgs[k].task
                         ));
                     }
-                } else if e.code == ErrorCode::RateLimited && self.msgs[k].resends < 4 {
+                } else if matches!(e.code, ErrorCode::RateLimited | ErrorCode::Unavailable)
+                    && self.msgs[k].resends < 4
+                {
+                    // (`unavailable`: a sibling shard's route could not be fetched.)
                     let wait = e
                         .data
                         .as_ref()
@@ -2301,11 +2614,14 @@ impl Sim {
         }
     }
 
-    fn migrate(&mut self, x: usize, to: usize) {
+    /// Account `x` moves to relay `to_relay` (the shard serving it there, if sharded).
+    fn migrate(&mut self, x: usize, to_relay: usize) {
         let old = self.accts[x].home;
-        if self.migrated[x] || old == to {
+        let old_relay = self.relay_of[old];
+        if self.migrated[x] || old_relay == to_relay {
             return;
         }
+        let to = self.serving(to_relay, x);
         self.migrated[x] = true;
         self.stats.migrations += 1;
         self.trace(|| format!("a{x} moves r{old} -> r{to}"));
@@ -2345,13 +2661,13 @@ impl Sim {
             at,
             Ev::Publish {
                 acct: x,
-                relay: old,
+                relay: old_relay,
             },
         );
-        for n in 0..self.w.nodes.len() {
-            if n != old && n != to && self.rng.gen_bool(0.5) {
+        for r in 0..self.nodes_of.len() {
+            if r != old_relay && r != to_relay && self.rng.gen_bool(0.5) {
                 let at = self.w.now + self.rng.gen_range(0..120 * SEC);
-                self.schedule(at, Ev::Publish { acct: x, relay: n });
+                self.schedule(at, Ev::Publish { acct: x, relay: r });
             }
         }
         let at = self.w.now + self.rng.gen_range(SEC..30 * SEC);
@@ -2516,10 +2832,17 @@ impl Sim {
                         ));
                     }
                     self.stats.deliveries_checked += 1;
+                    let (src, dst) = (self.relay_of[m.source], self.relay_of[place.0]);
+                    let sharded = |r: usize| self.nodes_of[r].len() > 1;
                     if self_delivery {
                         self.stats.self_checked += 1;
-                    } else if place.0 != m.source {
+                    } else if src != dst {
                         self.stats.cross_relay_checked += 1;
+                        if sharded(src) || sharded(dst) {
+                            self.stats.sharded_cross_relay_checked += 1;
+                        }
+                    } else if place.0 != m.source {
+                        self.stats.cross_shard_checked += 1;
                     }
                 }
                 _ if t.error_code.as_deref() == Some("deadline_exceeded") => {
@@ -2547,6 +2870,36 @@ impl Sim {
 /// whether a failing seed needs them: the run is otherwise the same).
 fn storage_faults() -> bool {
     std::env::var("RELAY_SIM_STORAGE_FAULTS").map_or(true, |v| v.trim() != "0")
+}
+
+/// Whether sharded worlds are on (`RELAY_SIM_SHARDS=0` runs every seed unsharded: a sharded
+/// seed's world then is the one it was before sharding, draw for draw).
+fn sharding() -> bool {
+    std::env::var("RELAY_SIM_SHARDS").map_or(true, |v| v.trim() != "0")
+}
+
+/// How many shards each of a seed's `relays` relays runs: one each, except in every third
+/// seed, where one or more relays run 2 to 4. Drawn from a generator of its own, so that
+/// the seed's other draws stay as they were.
+fn shard_layout(seed: u64, relays: usize) -> Vec<u32> {
+    if seed % 3 != 2 || !sharding() {
+        return vec![1; relays];
+    }
+    let mut rng = ChaCha20Rng::seed_from_u64(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) ^ 0x5a4d);
+    loop {
+        let layout: Vec<u32> = (0..relays)
+            .map(|_| {
+                if rng.gen_bool(0.5) {
+                    rng.gen_range(2..=4)
+                } else {
+                    1
+                }
+            })
+            .collect();
+        if layout.iter().any(|&c| c > 1) {
+            return layout;
+        }
+    }
 }
 
 /// An `internal` answer (the host's storage failed, or so it says).
@@ -2697,6 +3050,7 @@ fn simulation_1000_seeds() {
     // The run must exercise what it claims to.
     assert!(total.deliveries_checked > 10_000, "{total:?}");
     assert!(total.cross_relay_checked > 5_000, "{total:?}");
+    assert!(total.cross_shard_checked > 500, "{total:?}");
     for (name, n) in [
         ("failed_deadline", total.failed_deadline),
         ("failed_other", total.failed_other),
@@ -2726,6 +3080,19 @@ fn simulation_1000_seeds() {
         ("lost_outcomes", total.lost_outcomes),
         ("client_retries", total.client_retries),
         ("accepted_unanswered", total.accepted_unanswered),
+        // Sharded relays (every third seed).
+        ("cross_shard_checked", total.cross_shard_checked),
+        (
+            "sharded_cross_relay_checked",
+            total.sharded_cross_relay_checked,
+        ),
+        ("sibling_requests", total.sibling_requests),
+        ("sibling_route_gets", total.sibling_route_gets),
+        ("sibling_route_errors", total.sibling_route_errors),
+        ("sibling_route_fetches", total.sibling_route_fetches),
+        ("sibling_route_failures", total.sibling_route_failures),
+        ("sibling_route_absent", total.sibling_route_absent),
+        ("shard_restarts", total.shard_restarts),
     ] {
         assert!(n > 0, "the simulation never produced {name}: {total:#?}");
     }
