@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 /// Accounts that send to each other in one workload.
 const ACCOUNTS: usize = 64;
+/// Sends of the unmeasured warm-up before the workloads.
+const WARM_UP: usize = 500;
 /// Clients at once.
 const CONCURRENCY: usize = 32;
 /// Shard counts measured.
@@ -88,6 +90,11 @@ async fn workloads(
     sends: usize,
 ) -> anyhow::Result<Vec<(String, f64, f64)>> {
     let http = Arc::new(admin_client());
+    // Unmeasured first: every shard's core loaded, its JIT and caches warm.
+    let warm = fixture::mesh(&h.url, ACCOUNTS, WARM_UP, false, 30);
+    let tokens = Arc::new(loadgen::sessions(&warm, &h.url).await?);
+    loadgen::level(&http, warm.sends.clone(), &tokens, &h.url, CONCURRENCY).await?;
+    drained(h, shards).await?;
     let mut out = Vec::new();
     for (seed, workload, to_self) in [(31, "self", true), (32, "mesh", false)] {
         eprintln!("{}", setup(host, shards, workload));
