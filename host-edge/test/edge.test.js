@@ -14,6 +14,8 @@ import { NET, post, eventually } from '../../host-node/test/helpers.js';
 import { parseArgs } from '../src/launch.js';
 
 const BIN = new URL('../bin/relay-edge', import.meta.url).pathname;
+/** Whether the core the edge host runs (host-edge/pkg) has shards (`RelayCore.shardOf`). */
+const SHARDED = fs.readFileSync(new URL('../pkg/relay_wasm.js', import.meta.url), 'utf8').includes('static shardOf(');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 const freePort = () =>
@@ -244,6 +246,30 @@ test('WebSockets survive the object hibernating: after it was evicted, a notific
     // The session ends 15 s after it opened: the alarm closes its socket.
     const closed = await Promise.race([sock.closed, sleep(10_000).then(() => null)]);
     assert.deepEqual(closed, { code: 4401, reason: 'session expired' });
+  } finally {
+    await a.kill();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('four shards: accounts spread over four objects, deliveries between shards, metrics per shard', { skip: !SHARDED && 'this core has no shards' }, async () => {
+  const dir = tmp();
+  const a = await edge(await freePort(), path.join(dir, 'a'), ['--shards', '4']);
+  try {
+    const users = [];
+    for (let i = 0; i < 6; i += 1) users.push(await account(a.url));
+    const sent = [];
+    for (let i = 0; i < 6; i += 1) {
+      const r = await send(users[i], users[(i + 1) % 6], `m${i}`);
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      sent.push(r.body.message_id);
+    }
+    for (let i = 0; i < 6; i += 1) await eventually(async () => (await status(users[i], sent[i])).status === 'target_accepted', 15000);
+    for (let i = 0; i < 6; i += 1) assert.deepEqual(await texts(users[(i + 1) % 6]), [`m${i}`]);
+    const objects = fs.readdirSync(path.join(a.data, 'objects/relay-shard')).filter((f) => f.endsWith('.sqlite') && f !== 'metadata.sqlite');
+    assert.ok(objects.length >= 2 && objects.length <= 4, `six accounts over ${objects.length} of the four objects`);
+    const m = await metrics(a.data);
+    assert.ok([...m.keys()].some((k) => k.includes('shard="0"')), 'samples carry their shard');
   } finally {
     await a.kill();
     fs.rmSync(dir, { recursive: true, force: true });
