@@ -33,6 +33,10 @@ struct AdminArgs {
     /// The admin listener's URL, instead of the one in DATA/admin.url.
     #[arg(long, global = true)]
     url: Option<String>,
+    /// On a relay started with --shards: the shard asked (deliveries and backups are per
+    /// shard; shard k's database is relay-shard-k.sqlite, shard 0's relay.sqlite).
+    #[arg(long, global = true, default_value_t = 0)]
+    shard: u32,
     #[command(subcommand)]
     what: AdminCommand,
 }
@@ -297,7 +301,7 @@ async fn admin(args: AdminArgs) -> anyhow::Result<()> {
     let auth = format!("Bearer {}", token.trim());
     let (status, text) = client
         .post(
-            &format!("{url}/admin/v1/{method}"),
+            &format!("{url}/admin/v1/{method}?shard={}", args.shard),
             &[("authorization", &auth)],
             body,
         )
