@@ -246,6 +246,10 @@ stats! {
     sibling_route_absent,
     /// Restarts of one shard of a sharded relay while its siblings ran on.
     shard_restarts,
+    /// Sends a shard answered `not_found` although another shard of its relay held a route
+    /// for the recipient, which a relay of one shard would have used: not an invariant (the
+    /// design keeps routes per shard), but how often a sharded relay knows less than one.
+    not_found_held_by_sibling,
 }
 
 impl Stats {
@@ -2355,6 +2359,15 @@ impl Sim {
                 if self.msgs[k].resends == 0 && self.msgs[k].accepted.is_none() {
                     // The first answer of the first submission (after any `internal` ones).
                     self.stats.rejected += 1;
+                    if e.code == ErrorCode::NotFound && self.route_held_by_sibling(k) {
+                        self.stats.not_found_held_by_sibling += 1;
+                        self.trace(|| {
+                            format!(
+                                "{}: not_found at r{source}, but a sibling shard holds a route",
+                                self.msgs[k].task
+                            )
+                        });
+                    }
                 }
                 if let Some((accepted_at, _)) = self.msgs[k].accepted {
                     if clock < accepted_at + self.retention[source] {
@@ -2502,6 +2515,24 @@ impl Sim {
         };
         let at = self.w.now + delay;
         self.schedule(at, Ev::Poll(k));
+    }
+
+    /// Whether another shard of message `k`'s source relay holds a route for its recipient
+    /// (read from the stores as they are): a relay of one shard, holding what all its shards
+    /// hold, would have found one where the source shard answered `not_found`.
+    fn route_held_by_sibling(&self, k: usize) -> bool {
+        let source = self.msgs[k].source;
+        let key = format!("route/{}", self.accts[self.msgs[k].to].id()).into_bytes();
+        self.nodes_of[self.relay_of[source]].iter().any(|&n| {
+            n != source
+                && self.w.nodes[n]
+                    .store
+                    .clone()
+                    .get(&key)
+                    .ok()
+                    .flatten()
+                    .is_some()
+        })
     }
 
     /// message.delivery.status at the message's source, without recording it.
