@@ -335,7 +335,8 @@ export class RelayShard extends DurableObject {
    */
   async handle(req) {
     for (let round = 0; ; round += 1) {
-      const s = stepOf(this.#call((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, Date.now()), RelayCore.uncommitted()));
+      const out = this.#call((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, Date.now()), null);
+      const s = out === null ? uncommitted() : stepOf(out);
       if ('fetch' in s && round < 3) {
         await this.#fetchKey(s.fetch.relay, s.fetch.url);
         continue;
@@ -348,7 +349,8 @@ export class RelayShard extends DurableObject {
       if ('backup' in s) {
         return answer(404, errorBody('not_found', 'backup: the edge host keeps no database file of its own; Durable Object storage is backed up by the platform'));
       }
-      if (!('status' in s)) return uncommitted();
+      // Still waiting after three rounds: as when the work for the core is full.
+      if (!('status' in s)) return stepOf(RelayCore.busy());
       this.#run(s.effects);
       return s;
     }
