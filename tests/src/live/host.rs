@@ -303,6 +303,15 @@ impl Relay {
             c.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
         }
         c.args(&self.opts.flags);
+        // RELAY_SHARDS=N runs the hosts that shard (wasmtime, edge) with `--shards N`, so the
+        // suite can be run again over sharded relays.
+        if let Ok(n) = std::env::var("RELAY_SHARDS") {
+            if matches!(self.kind, Kind::Wasmtime | Kind::Edge)
+                && !self.opts.flags.iter().any(|f| f == "--shards")
+            {
+                c.arg("--shards").arg(n);
+            }
+        }
         c.env("RELAY_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
