@@ -12,6 +12,7 @@ import WebSocket from 'ws';
 import { Identity } from '../../host-node/pkg/relay_wasm.js';
 import { NET, post, eventually } from '../../host-node/test/helpers.js';
 import { parseArgs } from '../src/launch.js';
+import workerdPackage from 'workerd';
 
 const BIN = new URL('../bin/relay-edge', import.meta.url).pathname;
 /** Whether the core the edge host runs (host-edge/pkg) has shards (`RelayCore.shardOf`). */
@@ -272,6 +273,42 @@ test('four shards: accounts spread over four objects, deliveries between shards,
     assert.ok([...m.keys()].some((k) => k.includes('shard="0"')), 'samples carry their shard');
   } finally {
     await a.kill();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a trap on workerd is a WebAssembly.RuntimeError, and reset() gives a fresh instance whose core opens the same storage', async () => {
+  const dir = tmp();
+  const port = await freePort();
+  const rel = (f) => JSON.stringify(path.relative(dir, new URL(f, import.meta.url).pathname));
+  fs.writeFileSync(path.join(dir, 'trap.capnp'), `using Workerd = import "/workerd/workerd.capnp";
+const config :Workerd.Config = (
+  services = [(name = "trap", worker = (compatibilityDate = "2025-12-01", modules = [
+    (name = "test/trap-worker.js", esModule = embed ${rel('./trap-worker.js')}),
+    (name = "src/core.js", esModule = embed ${rel('../src/core.js')}),
+    (name = "pkg/relay_wasm.js", esModule = embed ${rel('../pkg/relay_wasm.js')}),
+    (name = "pkg/relay_wasm_bg.wasm", wasm = embed ${rel('../pkg/relay_wasm_bg.wasm')}),
+  ]))],
+  sockets = [(name = "http", address = "127.0.0.1:${port}", http = (), service = "trap")],
+);
+`);
+  const bin = String(/** @type {any} */ (workerdPackage).default ?? workerdPackage);
+  const proc = spawn(bin, ['serve', path.join(dir, 'trap.capnp')], { stdio: ['ignore', 'ignore', 'inherit'] });
+  try {
+    const r = await eventually(async () => {
+      try {
+        return await (await fetch(`http://127.0.0.1:${port}/`)).json();
+      } catch {
+        return null;
+      }
+    });
+    assert.deepEqual(r.trap, { runtimeError: true, message: 'memory access out of bounds' });
+    assert.equal(r.after.generation, r.before.generation + 1);
+    assert.equal(r.after.relay, r.before.relay);
+    assert.deepEqual(r.after.tick.events, []);
+    assert.ok(r.keys > 0, 'the first core wrote its schema; the fresh one opened it');
+  } finally {
+    proc.kill('SIGKILL');
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
