@@ -1017,6 +1017,20 @@ impl Sim {
             let to = self.rng.gen_range(0..relays);
             self.schedule(at, Ev::Migrate { acct, to });
         }
+        // An account of each sharded relay moves off it, late enough that its neighbours
+        // hold its route by then (they meet its old shard's not_home_relay).
+        for (r, &count) in layout.iter().enumerate() {
+            if count == 1 {
+                continue;
+            }
+            let on: Vec<usize> = (0..accounts)
+                .filter(|&a| self.relay_of[self.accts[a].home] == r)
+                .collect();
+            let acct = on[self.rng.gen_range(0..on.len())];
+            let to = (r + self.rng.gen_range(1..relays)) % relays;
+            let at = start + self.rng.gen_range(window / 3..window);
+            self.schedule(at, Ev::Migrate { acct, to });
+        }
         for _ in 0..self.rng.gen_range(0..=4) {
             let at = start + self.rng.gen_range(0..window + 8 * MIN);
             let n = self.rng.gen_range(0..relays);
@@ -1359,7 +1373,19 @@ impl Sim {
             SiblingRoute::Absent => self.stats.sibling_route_absent += 1,
             SiblingRoute::Route(_) => {}
         }
-        self.trace(|| format!("r{n} fetches the route of {account} from r{sib}: {answer:?}"));
+        self.trace(|| {
+            let what = match &answer {
+                SiblingRoute::Route(r) => format!(
+                    "a route to {} (revision {})",
+                    r.get("relay").and_then(Value::as_str).unwrap_or("?"),
+                    r.get("revision")
+                        .and_then(Value::as_protocol_int)
+                        .unwrap_or(0)
+                ),
+                other => format!("{other:?}"),
+            };
+            format!("r{n} fetches the route of {account} from r{sib}: {what}")
+        });
         answer
     }
 
@@ -2201,11 +2227,25 @@ impl Sim {
     fn client_send(&mut self) {
         let n = self.accts.len();
         let from = self.rng.gen_range(0..n);
-        let to = if self.rng.gen_bool(0.08) {
+        let mut to = if self.rng.gen_bool(0.08) {
             from
         } else {
             (from + self.rng.gen_range(1..n)) % n
         };
+        // In a sharded world, often a neighbour: an account on another shard of the sender's
+        // relay (as it is now).
+        let home = self.accts[from].home;
+        if self.nodes_of[self.relay_of[home]].len() > 1 && self.rng.gen_bool(0.4) {
+            let neighbours: Vec<usize> = (0..n)
+                .filter(|&a| {
+                    let h = self.accts[a].home;
+                    h != home && self.relay_of[h] == self.relay_of[home]
+                })
+                .collect();
+            if !neighbours.is_empty() {
+                to = neighbours[self.rng.gen_range(0..neighbours.len())];
+            }
+        }
         // Sometimes a burst to one recipient, against the rate limits.
         let count = if self.rng.gen_bool(0.15) {
             self.rng.gen_range(3..=6)
