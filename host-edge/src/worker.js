@@ -164,6 +164,8 @@ export default {
     const admin = env.DOOR === 'admin';
     const url = new URL(request.url);
     const count = Math.max(1, Number(env.CONFIG?.shards ?? 1));
+    /** The shard's object and the request for it. @type {{k: number, init: RequestInit}} */
+    let to;
     try {
       if (request.method === 'GET' && (url.pathname === '/healthz' || url.pathname === '/readyz')) return await health(env, url.pathname, count);
       if (admin && request.method === 'GET' && url.pathname === '/metrics') return await metrics(env, count);
@@ -184,15 +186,15 @@ export default {
       const origin = request.headers.get('cf-connecting-ip');
       if (origin) headers.set(ORIGIN, origin);
       headers.set(SHARD, String(k));
-      return await shard(env, k).fetch(`https://shard${url.pathname}${url.search}`, {
-        method: request.method,
-        headers,
-        body: request.method === 'POST' ? body : undefined,
-      });
+      to = { k, init: { method: request.method, headers, body: request.method === 'POST' ? body : undefined } };
     } catch (e) {
       console.error(`request failed: ${e?.stack ?? e}`);
       return json(500, errorBody('internal', 'the relay failed; nothing was accepted'));
     }
+    // A failure of the object's call is not answered as one that accepted nothing: the
+    // object may have committed before it failed. workerd's bare 500 leaves the outcome
+    // unknown, as a dropped connection does on the other hosts.
+    return shard(env, to.k).fetch(`https://shard${url.pathname}${url.search}`, to.init);
   },
 };
 
@@ -497,11 +499,15 @@ export class RelayShard extends DurableObject {
     this.ctx.storage.setAlarm(at);
   }
 
-  /** Runs the core's events: deliveries, wake-ups, notifications, session ends. */
+  /** Runs the core's events: deliveries, wake-ups, calls to sibling shards, notifications, session ends. */
   #run(events) {
     for (const e of events ?? []) {
       if (e.type === 'send') this.ctx.waitUntil(this.#attempt(e));
       else if (e.type === 'wake') this.#wake(e.at);
+      // A call a sibling shard is handed whose answer nobody needs (a route shared with the shard of its account).
+      else if (e.type === 'shard_call') this.ctx.waitUntil(this.#internal(e.shard, 'POST', e.path, '', encoder.encode(e.body)));
+      // A route this shard learned or used, shared with its account's shard; no answer needed.
+      else if (e.type === 'shard_call') this.ctx.waitUntil(this.#internal(e.shard, 'POST', e.path, '', encoder.encode(e.body)));
       else if (e.type === 'notify') for (const ws of this.ctx.getWebSockets(e.account)) trySend(ws, e.frame);
       else if (e.type === 'close') {
         for (const ws of this.ctx.getWebSockets(`${e.account} ${e.device_id}`)) {
