@@ -20,8 +20,8 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 /** Largest answer read from a peer; a longer one is an unreadable answer (unknown). */
 const MAX_ANSWER = 1 << 20;
-/** The longest a key fetch may take (the Node host's response timeout). */
-const KEY_FETCH_TIMEOUT_MS = 20000;
+/** The longest a key fetch may take: two thirds of the attempt timeout, at most 20 s (as on the other hosts). */
+const keyFetchTimeout = (attemptTimeout = 30000) => Math.min(20000, Math.max(1, Math.floor((attemptTimeout * 2) / 3)));
 /** The close code of a session that ended (the core's `transport::socket::SESSION_CLOSED`). */
 const SESSION_CLOSED = 4401;
 /** The headers that carry, from the Worker to an object, what only the Worker knows. */
@@ -362,7 +362,7 @@ export class RelayShard extends DurableObject {
   #fetchKey(relay, url) {
     let p = this.keyFetches.get(relay);
     if (!p) {
-      p = this.#exchange('GET', url, {}, undefined, KEY_FETCH_TIMEOUT_MS).then((r) => {
+      p = this.#exchange('GET', url, {}, undefined, keyFetchTimeout(this.settings.attemptTimeout)).then((r) => {
         this.keyFetches.delete(relay);
         if (r.status !== 200) console.warn(`key fetch from ${relay} failed: ${r.why ?? `status ${r.status}`}`);
         this.#call((c) => c.keyFetched(relay, r.status, r.body, Date.now()), undefined);
