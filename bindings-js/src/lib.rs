@@ -220,7 +220,7 @@ fn push_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-/// Events as a JSON array: `{"type": "send"|"wake"|"notify"|"close"|"delivery_ended", ...}`.
+/// Events as a JSON array: `{"type": "send"|"wake"|"notify"|"close"|"delivery_ended"|"shard_call", ...}`.
 fn events_json(events: &[Event], out: &mut Vec<u8>) {
     out.push(b'[');
     for (i, e) in events.iter().enumerate() {
@@ -296,6 +296,16 @@ fn events_json(events: &[Event], out: &mut Vec<u8>) {
                     Some(c) => write_string(c, out),
                     None => push_str(out, "null"),
                 }
+                out.push(b'}');
+            }
+            Event::ShardCall { shard, path, body } => {
+                push_str(
+                    out,
+                    &format!("{{\"type\":\"shard_call\",\"shard\":{shard},\"path\":"),
+                );
+                write_string(path, out);
+                push_str(out, ",\"body\":");
+                write_string(&String::from_utf8_lossy(body), out);
                 out.push(b'}');
             }
         }

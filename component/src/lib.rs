@@ -169,6 +169,11 @@ mod guest {
                     status: status.to_string(),
                     error_code,
                 }),
+                Event::ShardCall { shard, path, body } => t::Event::ShardCall(t::ShardCall {
+                    shard,
+                    path: path.to_string(),
+                    body,
+                }),
             })
             .collect()
     }

@@ -68,6 +68,8 @@
 //!         // Push the frame to the account's WebSockets; close a revoked device's.
 //!         Event::Notify { .. } | Event::Close { .. } => {}
 //!         Event::DeliveryEnded { .. } => {}
+//!         // A sharded relay only: hand it to that shard, drop the answer.
+//!         Event::ShardCall { .. } => {}
 //!     }
 //! }
 //! let _ = wake;

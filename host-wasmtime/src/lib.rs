@@ -277,6 +277,19 @@ impl App {
                             }
                         });
                 }
+                Event::ShardCall(c) => {
+                    let app = self.clone();
+                    let request = guest::HttpRequest {
+                        listener: guest::Listener::Public,
+                        method: "POST".into(),
+                        path: c.path,
+                        query: String::new(),
+                        headers: Vec::new(),
+                        body: c.body,
+                        origin: None,
+                    };
+                    tokio::spawn(async move { outbound::internal(&app, c.shard, request).await });
+                }
                 Event::Notify(n) => self.hub.notify(&n.account, &n.frame),
                 Event::Close(c) => {
                     self.hub

@@ -114,6 +114,8 @@ pub struct World {
     pub outbox: Vec<InFlight>,
     /// `route.get` calls made for shards that waited for a sibling's route.
     pub route_requests: u64,
+    /// Calls a shard handed to a sibling (`Effect::ShardCall`), waiting to run.
+    pub shard_calls: Vec<(usize, u32, &'static str, Vec<u8>)>,
 }
 
 impl World {
@@ -125,6 +127,7 @@ impl World {
             rng: ChaCha20Rng::seed_from_u64(seed),
             outbox: Vec::new(),
             route_requests: 0,
+            shard_calls: Vec::new(),
         }
     }
 
@@ -239,6 +242,17 @@ impl World {
                     self.nodes[n].ended.push((account, device_id))
                 }
                 Effect::DeliveryEnded { .. } => {}
+                Effect::ShardCall { shard, path, body } => {
+                    self.shard_calls.push((n, shard, path, body))
+                }
+            }
+        }
+        // Run after the call's own effects, as a host runs them after its answer.
+        while let Some((n, shard, path, body)) = self.shard_calls.pop() {
+            let id = self.nodes[n].id.clone();
+            if let Some(sib) = self.shard_node(&id, shard) {
+                let method = path.strip_prefix("/v1/").unwrap_or(path);
+                let _ = self.call_raw(sib, &Caller::Anonymous, method, &body);
             }
         }
     }

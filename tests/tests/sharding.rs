@@ -475,12 +475,11 @@ fn senders(shards: u32, tune: impl Fn(&mut Config)) -> Senders {
 }
 
 #[test]
-#[ignore = "known divergence (core design): a route learned by one shard stays in that shard"]
 fn a_route_the_relay_learned_from_a_recipient_route_is_known_to_every_shard() {
     // Alice's send passes Carol's route (recipient_route): a relay of one shard holds it
     // from then on, and Dave's send without one finds it. A sharded relay holds it in
-    // Alice's shard only; Dave's shard asks Carol's (which was never given it) and answers
-    // not_found.
+    // Alice's shard, which shares it with Carol's shard (a shard call); Dave's shard asks
+    // Carol's and finds it too.
     fn run(shards: u32) -> String {
         let Senders {
             mut w,
@@ -504,13 +503,12 @@ fn a_route_the_relay_learned_from_a_recipient_route_is_known_to_every_shard() {
 }
 
 #[test]
-#[ignore = "known divergence (core design): sends touch the sender shard's copy of a route only"]
 fn a_published_route_in_use_is_kept_for_every_shard() {
     // Carol's route is published to `s` and used by Alice's sends; a relay of one shard
     // touches it with each use (every half retention) and keeps it, so Dave's first send,
     // after the retention since the publish, still finds it. In a sharded relay Alice's
-    // sends touch her shard's copy; Carol's shard forgets the published route after the
-    // retention, and Dave's shard, asking it, answers not_found.
+    // sends touch her shard's copy, and each touch is shared with Carol's shard (publishing
+    // the held route again is a use), so Carol's shard keeps it and Dave's shard finds it.
     const RETENTION: u64 = 10 * 60_000;
     fn run(shards: u32) -> String {
         let Senders {

@@ -1219,6 +1219,7 @@ impl Sim {
         log: &OpLog,
         failed_tick: bool,
     ) {
+        let mut shard_calls = Vec::new();
         for e in effects {
             match e {
                 Effect::Send {
@@ -1249,6 +1250,16 @@ impl Sim {
                     self.w.nodes[n].ended.push((account, device_id))
                 }
                 Effect::DeliveryEnded { .. } => {}
+                Effect::ShardCall { shard, path, body } => shard_calls.push((shard, path, body)),
+            }
+        }
+        // A shard shares a route with its account's shard: the host hands it over and drops
+        // the answer (the sibling's own host runs its storage and faults).
+        for (shard, path, body) in shard_calls {
+            let id = self.w.nodes[n].id.clone();
+            if let Some(sib) = self.w.shard_node(&id, shard) {
+                let method = path.strip_prefix("/v1/").unwrap_or(path);
+                let _ = self.call_op(sib, &Caller::Anonymous, method, &body);
             }
         }
         self.w.now += log.latency;

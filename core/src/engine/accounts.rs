@@ -5,6 +5,7 @@ use super::keyspace as k;
 use super::records::{AccountRec, Canon, DeviceRec, RouteRec};
 use super::session::Need;
 use super::storage::Storage;
+use super::Effect;
 use super::{Caller, Entropy};
 use crate::wire::canonical;
 use crate::wire::certificate::DeviceCertificate;
@@ -68,6 +69,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         // Anyone may publish routes: one nobody uses is forgotten (see `expire_route`).
         let at = self.now.saturating_add(self.cfg.policies.message_retention);
         self.expire_at(at, &k::route(account));
+        self.share_route(account, &route.canonical_string());
         Ok(RouteUpdate::Replaced)
     }
 
@@ -79,6 +81,25 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             self.txn.put(k::route(account), &rec);
             let at = self.now.saturating_add(self.cfg.policies.message_retention);
             self.expire_at(at, &k::route(account));
+            self.share_route(account, rec.route.as_str());
+        }
+    }
+
+    /// On a sharded relay, a route of another shard's account that this shard learned or
+    /// used goes to that shard too (as `route.publish`, which counts as a use there): every
+    /// shard asks that one for routes it does not hold, so it holds every route the relay
+    /// knows and keeps it as long as any shard uses it, as a relay of one shard would.
+    fn share_route(&mut self, account: &str, route_text: &str) {
+        if let Some(shard) = self.cfg.shard.sibling_of(account) {
+            let mut body = Vec::with_capacity(route_text.len() + 10);
+            body.extend_from_slice(b"{\"route\":");
+            body.extend_from_slice(route_text.as_bytes());
+            body.push(b'}');
+            self.effects.push(Effect::ShardCall {
+                shard,
+                path: "/v1/route.publish",
+                body,
+            });
         }
     }
 
@@ -399,7 +420,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// `route.publish` (anyone): `{route}`; a peer that shows it is alive gets its waiting deliveries back.
     pub(crate) fn route_publish(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
         let route = self.verified_route(obj_member(&p, "route")?, "route")?;
-        self.store_route(&route)?;
+        // Publishing the held route again is a use of it: it is kept as long as a use.
+        if let RouteUpdate::Same = self.store_route(&route)? {
+            if let Some(held) = self.held_route(route.account.as_str())? {
+                self.touch_route(route.account.as_str(), held);
+            }
+        }
         if let Caller::Relay(peer) = caller {
             self.peer_is_back(peer.as_str())?;
         }

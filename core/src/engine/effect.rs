@@ -69,6 +69,17 @@ pub enum Effect {
         /// The failure's code (a protocol code or `deadline_exceeded`); `None` on success.
         error_code: Option<String>,
     },
+    /// Hand `body` to sibling shard `shard` of this relay as a public `POST {path}`; its
+    /// answer is not needed. A shard shares a route it learned or used with the shard of
+    /// the route's account, so that shard, which every other shard asks, holds it too.
+    ShardCall {
+        /// The sibling shard.
+        shard: u32,
+        /// The path, `/v1/{method}`.
+        path: &'static str,
+        /// The request body.
+        body: Vec<u8>,
+    },
 }
 
 /// What became of one `Effect::Send`.

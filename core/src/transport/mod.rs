@@ -79,6 +79,16 @@ pub enum Event {
         /// The failure's code.
         error_code: Option<String>,
     },
+    /// Hand `body` to sibling shard `shard` as a public `POST {path}` (its own events run
+    /// as any call's), and drop the answer: a sharded relay's shards sharing a route.
+    ShardCall {
+        /// The sibling shard.
+        shard: u32,
+        /// The path, `/v1/{method}`.
+        path: &'static str,
+        /// The request body.
+        body: Vec<u8>,
+    },
 }
 
 /// What the core makes of a request.
@@ -587,6 +597,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     status,
                     error_code,
                 },
+                Effect::ShardCall { shard, path, body } => Event::ShardCall { shard, path, body },
             })
             .collect()
     }

@@ -530,6 +530,9 @@ impl<'a> Sim<'a> {
                     AccountId::parse(account).expect("end sessions names an account");
                     DeviceId::parse(device_id).expect("end sessions names a device");
                 }
+                Effect::ShardCall { .. } => {
+                    panic!("a relay of one shard handed a call to a sibling shard")
+                }
                 Effect::DeliveryEnded {
                     from, to, status, ..
                 } => {
