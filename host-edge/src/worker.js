@@ -506,8 +506,6 @@ export class RelayShard extends DurableObject {
       else if (e.type === 'wake') this.#wake(e.at);
       // A call a sibling shard is handed whose answer nobody needs (a route shared with the shard of its account).
       else if (e.type === 'shard_call') this.ctx.waitUntil(this.#internal(e.shard, 'POST', e.path, '', encoder.encode(e.body)));
-      // A route this shard learned or used, shared with its account's shard; no answer needed.
-      else if (e.type === 'shard_call') this.ctx.waitUntil(this.#internal(e.shard, 'POST', e.path, '', encoder.encode(e.body)));
       else if (e.type === 'notify') for (const ws of this.ctx.getWebSockets(e.account)) trySend(ws, e.frame);
       else if (e.type === 'close') {
         for (const ws of this.ctx.getWebSockets(`${e.account} ${e.device_id}`)) {
