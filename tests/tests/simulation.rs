@@ -246,6 +246,10 @@ stats! {
     sibling_route_absent,
     /// Restarts of one shard of a sharded relay while its siblings ran on.
     shard_restarts,
+    /// Calls a shard handed a sibling (sharing a route with its account's shard), and those
+    /// lost on the way, to an outage, or to the sibling's storage.
+    shard_calls,
+    lost_shard_calls,
     /// Sends a shard answered `not_found` although another shard of its relay held a route
     /// for the recipient, which a relay of one shard would have used: not an invariant (the
     /// design keeps routes per shard), but how often a sharded relay knows less than one.
@@ -407,6 +411,13 @@ enum Ev {
     Restart(usize),
     /// One shard engine (a node) restarts.
     RestartShard(usize),
+    /// A call a shard handed to its sibling `node` (`Effect::ShardCall`) reaches it.
+    ShardCall {
+        from: usize,
+        node: usize,
+        path: &'static str,
+        body: Vec<u8>,
+    },
     Migrate {
         acct: usize,
         to: usize,
@@ -1253,14 +1264,10 @@ impl Sim {
                 Effect::ShardCall { shard, path, body } => shard_calls.push((shard, path, body)),
             }
         }
-        // A shard shares a route with its account's shard: the host hands it over and drops
-        // the answer (the sibling's own host runs its storage and faults).
+        // A shard shares a route with its account's shard: the host hands it over (across
+        // whatever joins the shards) and drops the answer.
         for (shard, path, body) in shard_calls {
-            let id = self.w.nodes[n].id.clone();
-            if let Some(sib) = self.w.shard_node(&id, shard) {
-                let method = path.strip_prefix("/v1/").unwrap_or(path);
-                let _ = self.call_op(sib, &Caller::Anonymous, method, &body);
-            }
+            self.shard_call(n, shard, path, body);
         }
         self.w.now += log.latency;
         if log.faulted() {
@@ -1769,12 +1776,80 @@ impl Sim {
                 self.stats.shard_restarts += 1;
                 self.restart(n);
             }
+            Ev::ShardCall {
+                from,
+                node,
+                path,
+                body,
+            } => self.arrive_shard_call(from, node, path, &body),
             Ev::Migrate { acct, to } => self.migrate(acct, to),
             Ev::Publish { acct, relay } => {
                 self.trace(|| format!("publish route of a{acct} at relay {relay}"));
                 self.publish(acct, relay);
             }
             Ev::Revoke => self.revoke(),
+        }
+    }
+
+    /// Node `n` hands `body` to its sibling shard `shard` as a public `POST {path}`, whose
+    /// answer nobody needs (`Effect::ShardCall`): lost, duplicated and delayed as requests
+    /// are, it arrives as `Ev::ShardCall`.
+    fn shard_call(&mut self, n: usize, shard: u32, path: &'static str, body: Vec<u8>) {
+        self.stats.shard_calls += 1;
+        let id = self.w.nodes[n].id.clone();
+        let Some(sib) = self.w.shard_node(&id, shard).filter(|&sib| sib != n) else {
+            self.fail(format!(
+                "r{n} handed {path} to shard {shard}, which is itself or none of its relay's"
+            ));
+        };
+        if self.permille(self.faults.lost_request) {
+            self.stats.lost_shard_calls += 1;
+            return;
+        }
+        let copies = if self.permille(self.faults.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let at = self.w.now + self.latency();
+            let body = body.clone();
+            self.schedule(
+                at,
+                Ev::ShardCall {
+                    from: n,
+                    node: sib,
+                    path,
+                    body,
+                },
+            );
+        }
+    }
+
+    /// A shard call reaches its sibling (unless it is unreachable): the call runs there, and
+    /// only its host's storage may fail it.
+    fn arrive_shard_call(&mut self, from: usize, node: usize, path: &str, body: &[u8]) {
+        if self.outage(node).is_some() {
+            self.stats.lost_shard_calls += 1;
+            return;
+        }
+        let Some(method) = path.strip_prefix("/v1/") else {
+            self.fail(format!("r{from} handed r{node} a call to {path}"));
+        };
+        let (r, _, _) = self.call_op(node, &Caller::Anonymous, method, body);
+        self.trace(|| {
+            format!(
+                "r{node} takes {method} from r{from}: {}",
+                String::from_utf8_lossy(&r.body())
+            )
+        });
+        match &r.result {
+            Ok(_) => {}
+            Err(e) if e.code == ErrorCode::Internal => self.stats.lost_shard_calls += 1,
+            Err(e) => self.fail(format!(
+                "r{node} refused the {method} r{from} handed it: {e:?} ({})",
+                String::from_utf8_lossy(body)
+            )),
         }
     }
 
@@ -3175,6 +3250,8 @@ fn simulation_1000_seeds() {
         ("sibling_route_failures", total.sibling_route_failures),
         ("sibling_route_absent", total.sibling_route_absent),
         ("shard_restarts", total.shard_restarts),
+        ("shard_calls", total.shard_calls),
+        ("lost_shard_calls", total.lost_shard_calls),
     ] {
         assert!(n > 0, "the simulation never produced {name}: {total:#?}");
     }
