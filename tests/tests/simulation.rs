@@ -251,8 +251,11 @@ stats! {
     shard_calls,
     lost_shard_calls,
     /// Sends a shard answered `not_found` although another shard of its relay held a route
-    /// for the recipient, which a relay of one shard would have used: not an invariant (the
-    /// design keeps routes per shard), but how often a sharded relay knows less than one.
+    /// for the recipient: an upper bound of how often a sharded relay knows less than a relay
+    /// of one shard (not an invariant). Since shards share routes with the account's shard
+    /// (`Effect::ShardCall`), what is left is a share lost on the way (it has no retry; the
+    /// next use shares again), and a copy a shard fetched after the publish, which outlives
+    /// the one copy a relay of one shard keeps (its expiry runs from the fetch).
     not_found_held_by_sibling,
 }
 
@@ -1804,6 +1807,7 @@ impl Sim {
         };
         if self.permille(self.faults.lost_request) {
             self.stats.lost_shard_calls += 1;
+            self.trace(|| format!("r{n} hands {path} to r{sib}: lost"));
             return;
         }
         let copies = if self.permille(self.faults.duplicate) {
@@ -1831,6 +1835,7 @@ impl Sim {
     fn arrive_shard_call(&mut self, from: usize, node: usize, path: &str, body: &[u8]) {
         if self.outage(node).is_some() {
             self.stats.lost_shard_calls += 1;
+            self.trace(|| format!("r{from} hands {path} to r{node}: unreachable"));
             return;
         }
         let Some(method) = path.strip_prefix("/v1/") else {
