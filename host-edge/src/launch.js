@@ -173,6 +173,27 @@ const admin :Workerd.Worker = (
 `;
 }
 
+/**
+ * The shard count is fixed at the data's first start (DATA/shards): a start with another
+ * count is refused here, before workerd runs, as the wasmtime host refuses it. (Each object's
+ * core refuses a store of another count too, but only when the object is first called.)
+ * @param {string} data @param {number} shards
+ */
+function fixedShards(data, shards) {
+  const file = path.join(data, 'shards');
+  let held;
+  try {
+    held = fs.readFileSync(file, 'utf8').trim();
+  } catch (e) {
+    if (/** @type {NodeJS.ErrnoException} */ (e).code !== 'ENOENT') throw e;
+    fs.writeFileSync(file, `${shards}\n`, { mode: 0o600 });
+    return;
+  }
+  if (held !== String(shards)) {
+    throw new Error(`${file}: this data was made with ${held} shard(s) and this start asks for ${shards}: the shard count is fixed at a relay's first start, since changing it would move accounts between shards; start it with --shards ${held}`);
+  }
+}
+
 /** Prepares a start; returns workerd's path and the config's. @param {string[]} argv */
 export async function prepare(argv) {
   const s = parseArgs(argv);
@@ -183,6 +204,7 @@ export async function prepare(argv) {
   fs.chmodSync(data, fs.statSync(data).mode & 0o777 & ~0o077);
   secret(path.join(data, 'relay.key'), 32);
   secret(path.join(data, 'admin.token'), 24);
+  fixedShards(data, s.shards);
   const pub = parseAddr(s.listen);
   const adm = parseAddr(s.adminListen);
   if (pub.port === 0) pub.port = await freePort(pub.host);

@@ -20,11 +20,16 @@ const WAIT: Duration = Duration::from_secs(30);
 macro_rules! every_sharding_host {
     ($scenario:ident) => {
         mod $scenario {
-            use super::Kind::Wasmtime;
+            use super::Kind::{Edge, Wasmtime};
 
             #[test]
             fn wasmtime() {
                 super::$scenario(Wasmtime);
+            }
+
+            #[test]
+            fn edge() {
+                super::$scenario(Edge);
             }
         }
     };
