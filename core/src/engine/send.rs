@@ -215,9 +215,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// route a relay of one shard would. Without the sibling's answer yet, the call asks for
     /// it (and changes nothing); the transport fetches it and submits the call again.
     fn learn_sibling_route(&mut self, to: &str) -> Result<(), Error> {
-        match self.siblings.take(to) {
+        match self.siblings.take(to, self.now) {
             None => {
-                self.siblings.want(to);
+                self.siblings.want(to, self.now);
                 Err(Error::new(
                     ErrorCode::Unavailable,
                     "the recipient's route is held by another shard of this relay; retry",

@@ -124,33 +124,49 @@ pub enum SiblingRoute {
 }
 
 /// Routes fetched from sibling shards for sends waiting on them, and the one the last
-/// operation asked for. Each is taken by the operation that resubmits the request.
+/// operation asked for. Each answer is taken by the operation that resubmits the request,
+/// within [`Siblings::FRESH_MS`] of the ask; answers nobody asked for are dropped.
 #[derive(Debug, Default)]
 pub struct Siblings {
-    fetched: HashMap<String, SiblingRoute>,
+    /// Answers, with the time the operation that wanted them asked.
+    fetched: HashMap<String, (SiblingRoute, u64)>,
+    /// Accounts asked for and not yet answered, with the time of the ask.
+    asked: HashMap<String, u64>,
     wanted: Option<String>,
 }
 
 impl Siblings {
-    /// Most answers held before the host resubmits their requests (a host that never
-    /// resubmits cannot grow this past it).
+    /// Most answers (and asks) held before the host resubmits their requests (a host that
+    /// never resubmits cannot grow this past it).
     const CAP: usize = 4096;
 
-    /// Remembers a sibling's answer for `account` until an operation takes it.
+    /// How long an answer stands for the request that asked: a resubmission comes at once,
+    /// and a later send must not take an old answer (an account registered meanwhile).
+    pub const FRESH_MS: u64 = 10_000;
+
+    /// Remembers a sibling's answer for `account`, if an operation asked for it.
     pub(crate) fn put(&mut self, account: &str, route: SiblingRoute) {
-        if self.fetched.len() >= Siblings::CAP && !self.fetched.contains_key(account) {
+        let Some(asked) = self.asked.remove(account) else {
+            return;
+        };
+        if self.fetched.len() >= Siblings::CAP {
             self.fetched.clear();
         }
-        self.fetched.insert(account.to_string(), route);
+        self.fetched.insert(account.to_string(), (route, asked));
     }
 
-    /// Takes the answer held for `account`.
-    pub(crate) fn take(&mut self, account: &str) -> Option<SiblingRoute> {
-        self.fetched.remove(account)
+    /// Takes the answer held for `account`, unless it is older than [`Siblings::FRESH_MS`].
+    pub(crate) fn take(&mut self, account: &str, now: u64) -> Option<SiblingRoute> {
+        let (route, asked) = self.fetched.remove(account)?;
+        (now <= asked.saturating_add(Siblings::FRESH_MS)).then_some(route)
     }
 
-    /// Records that the operation in progress needs `account`'s route from its shard.
-    pub(crate) fn want(&mut self, account: &str) {
+    /// Records that the operation in progress (at `now`) needs `account`'s route from its shard.
+    pub(crate) fn want(&mut self, account: &str, now: u64) {
+        if self.asked.len() >= Siblings::CAP {
+            self.asked.clear();
+        }
+        self.asked.insert(account.to_string(), now);
         self.wanted = Some(account.to_string());
     }
 
@@ -199,6 +215,24 @@ mod tests {
         for junk in ["secret", "9.x", "+1.x", "-1.x", ".x", "00001.x", "1x.y"] {
             assert_eq!(Shard::of_token(junk, 4), 0, "{junk}");
         }
+    }
+
+    #[test]
+    fn an_answer_stands_only_for_an_ask_and_only_while_fresh() {
+        let r = SiblingRoute::Absent;
+        let mut s = Siblings::default();
+        // Nobody asked: dropped.
+        s.put("a", r.clone());
+        assert_eq!(s.take("a", 0), None);
+        s.want("a", 100);
+        assert_eq!(s.take_wanted().as_deref(), Some("a"));
+        s.put("a", r.clone());
+        assert_eq!(s.take("a", 100 + Siblings::FRESH_MS), Some(r.clone()));
+        assert_eq!(s.take("a", 100), None, "taken once");
+        // An answer left over (its call failed before taking it) goes stale.
+        s.want("b", 100);
+        s.put("b", r);
+        assert_eq!(s.take("b", 101 + Siblings::FRESH_MS), None);
     }
 
     #[test]
