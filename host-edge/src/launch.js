@@ -86,8 +86,39 @@ export function parseArgs(argv) {
   return s;
 }
 
-/** A port the system picks, free now. @param {string} host */
-function freePort(host) {
+/** Whether `port` can be bound on `host` now. @param {string} host @param {number} port */
+function bindable(host, port) {
+  return new Promise((resolve) => {
+    const srv = net.createServer();
+    srv.once('error', () => resolve(false));
+    srv.listen(port, host, () => srv.close(() => resolve(true)));
+  });
+}
+
+/**
+ * A free port for a socket workerd binds later (it cannot tell which port it bound before
+ * admin.url must name it). Not one the system hands out for port 0 or for outgoing
+ * connections: a port outside its ephemeral range, free now, cannot be taken by those in
+ * the moment between this check and workerd's bind (two relays starting at once on a busy
+ * machine lost that race). The ephemeral range itself only when nothing else is free.
+ * @param {string} host
+ * @returns {Promise<number>}
+ */
+async function freePort(host) {
+  let [lo, hi] = [32768, 60999];
+  try {
+    [lo, hi] = fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+  } catch {
+    // not Linux: its default range
+  }
+  const below = [Math.max(1024, lo - 12288), lo - 1];
+  const above = [hi + 1, 65535];
+  for (let i = 0; i < 64; i += 1) {
+    const [a, b] = below[1] - below[0] >= above[1] - above[0] ? below : above;
+    if (b < a) break;
+    const port = a + Math.floor(Math.random() * (b - a + 1));
+    if (await bindable(host, port)) return port;
+  }
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
     srv.once('error', reject);
