@@ -307,9 +307,11 @@ export class RelayShard extends DurableObject {
     if (url.pathname === '/readyz') {
       return this.#ensure() ? text(200, 'ready\n') : text(503, `not ready: ${this.broken ?? 'core instance not running'}\n`);
     }
+    // No core (a store this relay must not open, a bad configuration): every call says why.
+    if (!this.#ensure()) return json(503, errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`));
     const admin = h.get(DOOR) === 'admin';
     if (admin && url.pathname === '/metrics') {
-      const m = this.#ensure() ? this.#call((c) => c.metrics(), null) : null;
+      const m = this.#call((c) => c.metrics(), null);
       return m === null ? text(503, `not ready: ${this.broken ?? 'the core trapped'}\n`) : text(200, m, 'text/plain; version=0.0.4; charset=utf-8');
     }
     const req = {
