@@ -158,6 +158,30 @@ fn message(
     (env, seal::boxes(vec![kb]))
 }
 
+/// An account's registration and session.open bodies for `relay`.
+fn local(rng: &mut ChaCha20Rng, a: &Account, relay: &str, now: u64) -> Local {
+    let mut p = Object::new();
+    p.insert(
+        "route",
+        draft::route(NET, &a.key.id(), relay, 1, now).sign(&a.key),
+    );
+    p.insert("certificate", a.cert.clone());
+    p.insert("discoverable", true);
+    let open = draft::session_open(
+        NET,
+        relay,
+        &a.key.id(),
+        &a.device.id(),
+        now,
+        &random_id(rng),
+    )
+    .sign(&a.device);
+    Local {
+        register: canonical::object_to_vec(&p),
+        session_open: canonical::object_to_vec(&open),
+    }
+}
+
 /// Builds `sends` message.send and `delivers` message.deliver requests for relay `relay`.
 pub fn build(relay: &str, sends: usize, delivers: usize, seed: u64) -> Fixture {
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
@@ -168,28 +192,7 @@ pub fn build(relay: &str, sends: usize, delivers: usize, seed: u64) -> Fixture {
     let accounts = senders
         .iter()
         .chain(std::iter::once(&to))
-        .map(|a| {
-            let mut p = Object::new();
-            p.insert(
-                "route",
-                draft::route(NET, &a.key.id(), relay, 1, now).sign(&a.key),
-            );
-            p.insert("certificate", a.cert.clone());
-            p.insert("discoverable", true);
-            let open = draft::session_open(
-                NET,
-                relay,
-                &a.key.id(),
-                &a.device.id(),
-                now,
-                &random_id(&mut rng),
-            )
-            .sign(&a.device);
-            Local {
-                register: canonical::object_to_vec(&p),
-                session_open: canonical::object_to_vec(&open),
-            }
-        })
+        .map(|a| local(&mut rng, a, relay, now))
         .collect();
     let sends = (0..sends)
         .map(|i| {
@@ -234,31 +237,10 @@ pub fn mesh(relay: &str, accounts: usize, sends: usize, to_self: bool, seed: u64
         .map(|_| account(&mut fx.rng))
         .collect();
     for a in &extra {
-        let mut p = Object::new();
-        p.insert(
-            "route",
-            draft::route(NET, &a.key.id(), relay, 1, now).sign(&a.key),
-        );
-        p.insert("certificate", a.cert.clone());
-        p.insert("discoverable", true);
-        let open = draft::session_open(
-            NET,
-            relay,
-            &a.key.id(),
-            &a.device.id(),
-            now,
-            &random_id(&mut fx.rng),
-        )
-        .sign(&a.device);
+        let l = local(&mut fx.rng, a, relay, now);
         // Before the recipient, which stays last.
         let at = fx.accounts.len() - 1;
-        fx.accounts.insert(
-            at,
-            Local {
-                register: canonical::object_to_vec(&p),
-                session_open: canonical::object_to_vec(&open),
-            },
-        );
+        fx.accounts.insert(at, l);
     }
     fx.senders.extend(extra);
     let n = fx.senders.len();

@@ -354,7 +354,6 @@ fn step_line(key: &str, value: &relay_core::wire::json::Value) -> Vec<u8> {
     out
 }
 
-/// What a host saw of an exchange: `status` >= 0 an answer with `body`, -1 never sent, else unknown.
 /// A request from `handle`'s arguments (`headers` is `name\nvalue\n` per header).
 fn request_of(
     admin: bool,
@@ -394,6 +393,7 @@ fn route_wanted(w: &relay_core::transport::RouteWanted) -> relay_core::wire::jso
     Value::Object(o)
 }
 
+/// What a host saw of an exchange: `status` >= 0 an answer with `body`, -1 never sent, else unknown.
 fn fetch_of(status: i32, body: &[u8]) -> Fetch {
     match status {
         s if s >= 0 => Fetch::Answered(s.min(u16::MAX as i32) as u16, body.to_vec()),
