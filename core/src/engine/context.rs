@@ -96,9 +96,8 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
         &mut self,
         caller: &Caller,
         method: &str,
-        params: &[u8],
+        p: Object,
     ) -> Result<Value, Error> {
-        let p = json::parse_object(params)?;
         if let (Caller::Anonymous, Some(origin)) = (caller, self.origin.as_deref()) {
             let rate = self.cfg.policies.anonymous_rate;
             self.limiter.take("address", origin, rate, self.now)?;

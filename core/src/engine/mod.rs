@@ -323,13 +323,39 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         params: &[u8],
         now: u64,
     ) -> Response {
-        if params.len() as u64 > self.config.policies.max_request_bytes {
+        let parse = || crate::wire::json::parse_object(params).map_err(Error::from);
+        self.call_with(caller, origin, method, params.len(), parse, now)
+    }
+
+    /// As [`Engine::call_from`], with the `len` bytes of the body already parsed by the
+    /// strict parser (the transport judges a body before routing it): parsed once, not twice.
+    pub fn call_parsed(
+        &mut self,
+        caller: &Caller,
+        origin: Option<&str>,
+        method: &str,
+        params: Object,
+        len: usize,
+        now: u64,
+    ) -> Response {
+        self.call_with(caller, origin, method, len, move || Ok(params), now)
+    }
+
+    fn call_with(
+        &mut self,
+        caller: &Caller,
+        origin: Option<&str>,
+        method: &str,
+        len: usize,
+        params: impl FnOnce() -> Result<Object, Error>,
+        now: u64,
+    ) -> Response {
+        if len as u64 > self.config.policies.max_request_bytes {
             return Response {
                 result: Err(Error::new(
                     ErrorCode::PayloadTooLarge,
                     format!(
-                        "request body of {} bytes exceeds max_request_bytes {}",
-                        params.len(),
+                        "request body of {len} bytes exceeds max_request_bytes {}",
                         self.config.policies.max_request_bytes
                     ),
                 )),
@@ -339,7 +365,7 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         let origin = origin.map(limits::origin_key);
         let r = self.run(now, |cx| {
             cx.origin = origin;
-            cx.dispatch(caller, method, params)
+            cx.dispatch(caller, method, params()?)
         });
         if let Err(e) = &r.result {
             if self.siblings.is_wanting() {

@@ -211,7 +211,18 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         let Some((door, name)) = routed.filter(|(_, m)| !m.is_empty() && !m.contains('/')) else {
             return Step::Respond(Response::fail(ErrorCode::NotFound, "no such endpoint"));
         };
-        // The body is judged by the strict parser before anything else looks at the call.
+        // The body is judged by the strict parser before anything else looks at the call,
+        // within the size limit first; the call then takes the parsed params (parsed once).
+        let limit = self.engine.config().policies.max_request_bytes;
+        if req.body.len() as u64 > limit {
+            return Step::Respond(Response::fail(
+                ErrorCode::PayloadTooLarge,
+                &format!(
+                    "request body of {} bytes exceeds max_request_bytes {limit}",
+                    req.body.len()
+                ),
+            ));
+        }
         let params = match json::parse_object(&req.body) {
             Ok(p) => p,
             Err(e) => return Step::Respond(Response::error(&e.into())),
@@ -223,12 +234,12 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                         Some(t) => Caller::Session(t.to_string()),
                         None => Caller::Anonymous,
                     };
-                    self.call_step(&caller, req.origin.as_deref(), m, &req.body, now)
+                    self.call_step(&caller, req, m, params, now)
                 }
                 Err(e) => Step::Respond(Response::error(&e)),
             },
-            Door::Relay => self.relay_call(req, name, now),
-            Door::Operator => self.operator_call(req, name, &params, now),
+            Door::Relay => self.relay_call(req, name, params, now),
+            Door::Operator => self.operator_call(req, name, params, now),
         }
     }
 
@@ -240,7 +251,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         }
     }
 
-    fn operator_call(&mut self, req: &Request, name: &str, params: &Object, now: u64) -> Step {
+    fn operator_call(&mut self, req: &Request, name: &str, params: Object, now: u64) -> Step {
         if !self.is_operator(req) {
             return Step::Respond(Response::fail(
                 ErrorCode::Unauthenticated,
@@ -259,18 +270,12 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             };
         }
         match Method::through(&format!("admin.{name}"), Door::Operator) {
-            Ok(m) => Step::Respond(self.call(
-                &Caller::Operator,
-                req.origin.as_deref(),
-                m,
-                &req.body,
-                now,
-            )),
+            Ok(m) => Step::Respond(self.call_parsed(&Caller::Operator, req, m, params, now)),
             Err(e) => Step::Respond(Response::error(&e)),
         }
     }
 
-    fn relay_call(&mut self, req: &Request, name: &str, now: u64) -> Step {
+    fn relay_call(&mut self, req: &Request, name: &str, params: Object, now: u64) -> Step {
         let method = match Method::through(name, Door::Relay) {
             Ok(m) => m,
             Err(e) => return Step::Respond(Response::error(&e)),
@@ -321,13 +326,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             match lookup {
                 Lookup::Key(key) => match self.engine.authenticate_relay(&checked, &key, now) {
                     Ok(source) => {
-                        return self.call_step(
-                            &Caller::Relay(source),
-                            req.origin.as_deref(),
-                            method,
-                            &req.body,
-                            now,
-                        )
+                        return self.call_step(&Caller::Relay(source), req, method, params, now)
                     }
                     // Under the cached key it failed: a newer key may have been published.
                     Err(e) if refused.is_none() => refused = Some(e),
@@ -395,12 +394,12 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
     fn call_step(
         &mut self,
         caller: &Caller,
-        origin: Option<&str>,
+        req: &Request,
         method: Method,
-        params: &[u8],
+        params: Object,
         now: u64,
     ) -> Step {
-        let r = self.call(caller, origin, method, params, now);
+        let r = self.call_parsed(caller, req, method, params, now);
         match self.wanted() {
             Some(w) => Step::FetchRoute(w),
             None => Step::Respond(r),
@@ -532,6 +531,28 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         let r = self
             .engine
             .call_from(caller, origin, method.as_str(), params, now);
+        let (status, body) = (r.http_status(), r.body());
+        let events = self.events(r.effects, now);
+        Response::json(status, body, events)
+    }
+
+    /// [`Relay::call`] with `req`'s body already parsed into `params`.
+    fn call_parsed(
+        &mut self,
+        caller: &Caller,
+        req: &Request,
+        method: Method,
+        params: Object,
+        now: u64,
+    ) -> Response {
+        let r = self.engine.call_parsed(
+            caller,
+            req.origin.as_deref(),
+            method.as_str(),
+            params,
+            req.body.len(),
+            now,
+        );
         let (status, body) = (r.http_status(), r.body());
         let events = self.events(r.effects, now);
         Response::json(status, body, events)

@@ -128,6 +128,12 @@ fn the_body_is_judged_before_the_door() {
         T0,
     ));
     assert_eq!(r.status, 400);
+    // The size limit comes before the parser: an over-long body is never parsed.
+    let limit = a.engine().config().policies.max_request_bytes as usize;
+    let mut long = b"{\"a\":".to_vec();
+    long.resize(limit + 1, b'[');
+    let r = respond(a.handle(&req(Listener::Public, "POST", "/v1/route.get", &long), T0));
+    assert_eq!((r.status, code(&r).as_str()), (413, "payload_too_large"));
 }
 
 #[test]
