@@ -147,6 +147,40 @@ impl Target for Wasm {
     }
 }
 
+/// The wasmtime component reached as the HTTP host reaches it: each call is a whole request
+/// record (`POST /v1/{method}`, its headers and body) through the core's transport
+/// (`handle`), not the typed export. Relay calls go through `call` (the fixture's deliveries
+/// carry no relay signature headers). Beside [`Wasm`] it prices the transport layer.
+pub struct WasmHttp(pub Wasm);
+
+impl Target for WasmHttp {
+    fn call(&mut self, caller: As<'_>, method: &str, params: &[u8]) -> (u16, Vec<u8>) {
+        let token = match caller {
+            As::Relay(_) => return self.0.call(caller, method, params),
+            As::Anonymous => None,
+            As::Session(t) => Some(t),
+        };
+        let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
+        if let Some(t) = token {
+            headers.push(("authorization".to_string(), format!("Bearer {t}")));
+        }
+        let req = guest::HttpRequest {
+            listener: guest::Listener::Public,
+            method: "POST".to_string(),
+            path: format!("/v1/{method}"),
+            query: String::new(),
+            headers,
+            body: params.to_vec(),
+            origin: Some("127.0.0.1".to_string()),
+        };
+        let sending = token.filter(|_| method == "message.send");
+        match self.0.core.handle(&req, sending, now_ms()) {
+            guest::Step::Respond(r) => (r.status, r.body),
+            _ => (500, b"not a response".to_vec()),
+        }
+    }
+}
+
 /// Opens a fresh SQLite store at `path`.
 pub fn sqlite(path: &Path) -> anyhow::Result<SqliteStore> {
     let _ = std::fs::remove_file(path);

@@ -56,6 +56,61 @@ pub async fn run(fx: &Fixture, url: &str, concurrencies: &[usize]) -> anyhow::Re
     Ok(out)
 }
 
+/// [`run`] on several hosts at once, each with its own fixture: every level is cut into
+/// `slices`, and the hosts take turns slice by slice, so each meets the same machine (on a
+/// shared machine, throughput drifts by a quarter from minute to minute). One list of levels
+/// per host, in the order given.
+pub async fn run_side_by_side(
+    hosts: &[(&Fixture, &str)],
+    concurrencies: &[usize],
+    slices: usize,
+) -> anyhow::Result<Vec<Vec<Level>>> {
+    let http = Arc::new(admin_client());
+    let mut tokens = Vec::new();
+    for (fx, url) in hosts {
+        tokens.push(Arc::new(sessions(fx, url).await?));
+    }
+    let mut out: Vec<Vec<Level>> = hosts.iter().map(|_| Vec::new()).collect();
+    for (level, &c) in concurrencies.iter().enumerate() {
+        let mut acc: Vec<Turns> = hosts.iter().map(|_| Turns::default()).collect();
+        for slice in 0..slices {
+            for (h, (fx, url)) in hosts.iter().enumerate() {
+                let per = fx.sends.len() / concurrencies.len().max(1);
+                let mine = &fx.sends[level * per..(level + 1) * per];
+                let cut = mine.len() / slices.max(1);
+                let msgs = mine[slice * cut..(slice + 1) * cut].to_vec();
+                let t = turn(&http, msgs, &tokens[h], url, c).await?;
+                acc[h].lat.extend(t.lat);
+                acc[h].failures.extend(t.failures);
+                acc[h].wall += t.wall;
+            }
+        }
+        for (h, t) in acc.into_iter().enumerate() {
+            out[h].push(t.level(c));
+        }
+    }
+    Ok(out)
+}
+
+/// The latencies of the accepted sends, the failures, and the wall time of some turns.
+#[derive(Default)]
+struct Turns {
+    lat: Vec<Duration>,
+    failures: Vec<String>,
+    wall: Duration,
+}
+
+impl Turns {
+    fn level(self, concurrency: usize) -> Level {
+        Level {
+            concurrency,
+            sample: Sample::new("message.send", self.lat, self.wall),
+            failed: self.failures.len(),
+            first_failure: self.failures.into_iter().next(),
+        }
+    }
+}
+
 /// Sends `msgs` (sender index, params) to `url` from `c` clients at once, under the senders' `tokens`.
 pub async fn level(
     http: &Arc<AdminClient>,
@@ -64,6 +119,16 @@ pub async fn level(
     url: &str,
     c: usize,
 ) -> anyhow::Result<Level> {
+    Ok(turn(http, msgs, tokens, url, c).await?.level(c))
+}
+
+async fn turn(
+    http: &Arc<AdminClient>,
+    msgs: Vec<(usize, Vec<u8>)>,
+    tokens: &Arc<Vec<String>>,
+    url: &str,
+    c: usize,
+) -> anyhow::Result<Turns> {
     let msgs = Arc::new(msgs);
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -112,10 +177,9 @@ pub async fn level(
         lat.extend(l);
         failures.extend(f);
     }
-    Ok(Level {
-        concurrency: c,
-        sample: Sample::new("message.send", lat, started.elapsed()),
-        failed: failures.len(),
-        first_failure: failures.into_iter().next(),
+    Ok(Turns {
+        lat,
+        failures,
+        wall: started.elapsed(),
     })
 }

@@ -103,8 +103,16 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
         let mut wasm_mem = inproc::Wasm::load(&component, AnyStore::Memory(inproc::memory()))?;
         let mut wasm_sql =
             inproc::Wasm::load(&component, AnyStore::Sqlite(inproc::sqlite(&db("wasm"))?))?;
-        eprintln!("native engine and wasmtime component, memory");
-        let mut mem = inproc::run_side_by_side(&mut [&mut nat_mem, &mut wasm_mem], &fx, sz.syncs)?;
+        let mut http_mem = inproc::WasmHttp(inproc::Wasm::load(
+            &component,
+            AnyStore::Memory(inproc::memory()),
+        )?);
+        eprintln!("native engine and wasmtime component (typed call and HTTP request), memory");
+        let mut mem = inproc::run_side_by_side(
+            &mut [&mut nat_mem, &mut wasm_mem, &mut http_mem],
+            &fx,
+            sz.syncs,
+        )?;
         eprintln!("native engine and wasmtime component, sqlite");
         let mut sql = inproc::run_side_by_side(&mut [&mut nat_sql, &mut wasm_sql], &fx, sz.syncs)?;
         // The fuel column: the same operations on a metered instance, untimed (metering
@@ -122,12 +130,21 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
         (mem, sql)
     };
     let setups = ["native engine", "wasmtime component"];
-    for (i, setup) in setups.iter().enumerate().take(mem.len()) {
+    for (i, setup) in setups.iter().enumerate().take(sql.len()) {
         for (storage, samples) in [("memory", &mem[i]), ("sqlite", &sql[i])] {
             for s in samples {
                 rep.add(setup, storage, None, s.clone());
             }
         }
+    }
+    // Index 2 on memory: the component through its HTTP transport (`handle`).
+    for s in mem.get(2).into_iter().flatten() {
+        rep.add(
+            "wasmtime component, HTTP request",
+            "memory",
+            None,
+            s.clone(),
+        );
     }
     if !skip.iter().any(|s| s == "node") {
         eprintln!("node in-process");
@@ -200,6 +217,50 @@ async fn http(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> 
             format!("{name} anonymous RSS KiB before/after {n} sends"),
             serde_json::json!([rss_before, rss_after]),
         ));
+    }
+    Ok(())
+}
+
+/// The wasmtime host of this build and of others (`others`: those builds' `relay`, each
+/// with its component beside it), taking turns every tenth of a level (see
+/// [`loadgen::run_side_by_side`]), so their ratios are free of the machine's drift.
+async fn versus_http(
+    rep: &mut Report,
+    sz: &Sizes,
+    scratch: &Path,
+    others: &[PathBuf],
+) -> anyhow::Result<()> {
+    let n = sz.http_per_level * sz.concurrencies.len();
+    let mut exes = vec![relay_exe()?];
+    exes.extend(others.iter().cloned());
+    let mut running = Vec::new();
+    for (i, exe) in exes.iter().enumerate() {
+        running.push(hosts::Host::wasmtime(exe, &scratch.join(format!("versus-{i}"))).await?);
+    }
+    let fxs: Vec<_> = running
+        .iter()
+        .map(|h| fixture::build(&h.url, n, 0, 2))
+        .collect();
+    eprintln!("wasmtime host, this build and {others:?}, side by side");
+    let pairs: Vec<_> = fxs
+        .iter()
+        .zip(&running)
+        .map(|(f, h)| (f, h.url.as_str()))
+        .collect();
+    let levels = loadgen::run_side_by_side(&pairs, &sz.concurrencies, 10).await;
+    for h in running {
+        h.stop();
+    }
+    let mut names = vec!["wasmtime host, HTTP".to_string()];
+    names.extend(others.iter().map(|o| format!("versus {}", o.display())));
+    for (name, levels) in names.iter().zip(levels?) {
+        for l in levels {
+            rep.add(name, "sqlite", Some(l.concurrency), l.sample);
+            if let Some(f) = l.first_failure {
+                let row = rep.rows.last_mut().expect("row");
+                row.note = format!("{} failed, first: {f}", l.failed);
+            }
+        }
     }
     Ok(())
 }
@@ -284,12 +345,13 @@ struct Args {
     concurrency: Option<Vec<usize>>,
     scale_large: Option<usize>,
     soak: Option<usize>,
+    versus: Option<Vec<PathBuf>>,
     out: Option<PathBuf>,
 }
 
 const USAGE: &str =
     "usage: ./x bench [--quick] [--skip inprocess,http,node,wasmtime,edge,shards,scale] \
-[--concurrency 8,32,128] [--scale-large N] [--soak N] [--out DIR]";
+[--concurrency 8,32,128] [--scale-large N] [--soak N] [--versus OTHER_RELAY,...] [--out DIR]";
 
 /// Parses the flags; anything unknown or malformed is an error, never a silent full run.
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -299,6 +361,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         concurrency: None,
         scale_large: None,
         soak: None,
+        versus: None,
         out: None,
     };
     let mut it = args.iter();
@@ -349,6 +412,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                         .map_err(|_| "--soak takes a count of messages")?,
                 );
             }
+            "--versus" => a.versus = Some(value()?.split(',').map(PathBuf::from).collect()),
             "--out" => a.out = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -369,6 +433,7 @@ async fn main() -> anyhow::Result<()> {
         concurrency,
         scale_large,
         soak: soak_total,
+        versus,
         out,
     } = match parse_args(&raw) {
         Ok(a) => a,
@@ -401,6 +466,15 @@ async fn main() -> anyhow::Result<()> {
     let load_before = load_average();
     let started = std::time::Instant::now();
     let mut rep = Report::default();
+    // `--versus OTHER`: only this build's wasmtime host and another build's, side by side
+    // over HTTP (a before-and-after in one sitting).
+    let mut skip = skip;
+    if let Some(other) = versus {
+        versus_http(&mut rep, &sz, &scratch, &other).await?;
+        skip = ["inprocess", "http", "shards", "scale"]
+            .map(str::to_string)
+            .to_vec();
+    }
     if !skip.iter().any(|s| s == "inprocess") {
         inprocess(&mut rep, &sz, &scratch, &skip)?;
     }
