@@ -695,6 +695,25 @@ impl RelayCore {
         socket::busy_frame(text)
     }
 
+    /// The transport limits every host enforces: JSON `[{"name", "default", "unit"}]`.
+    #[wasm_bindgen(js_name = transportLimits)]
+    pub fn transport_limits() -> String {
+        relay_core::transport::limits::Limits::table_json()
+    }
+
+    /// The shards' metrics texts as one exposition, each sample labelled with its shard.
+    #[wasm_bindgen(js_name = mergeShardMetrics)]
+    pub fn merge_shard_metrics(texts: Vec<String>) -> String {
+        relay_core::engine::metrics::merge_shards(&texts)
+    }
+
+    /// Why a relay must not connect to address `ip` as a peer (loopback, private, ...), or
+    /// nothing when it may: the core's one definition, which hosts check each resolved address against.
+    #[wasm_bindgen(js_name = refusedAddress)]
+    pub fn refused_address(ip: &str) -> Option<String> {
+        relay_core::transport::address::refused_text(ip).map(str::to_string)
+    }
+
     /// Signs a relay request as this relay would (for tests that play a peer): headers JSON
     /// `{relay_id, timestamp, nonce, signature}`.
     #[wasm_bindgen(js_name = signRequest)]

@@ -242,10 +242,15 @@ fn params_must_be_an_object() {
 }
 
 #[test]
-fn websocket_frames_keep_params_exactly_as_sent() {
+fn websocket_frames_keep_params_as_written() {
     use relay_core::wire::frame;
-    let f = frame::parse(br#"{"id":"a","method":"m","params":{"after":1.0, "x":-0}}"#).unwrap();
-    assert_eq!(f.params, br#"{"after":1.0, "x":-0}"#.to_vec());
+    use relay_core::wire::json::Value;
+    let f =
+        frame::parse(br#"{"id":"a","method":"m","params":{"after":1.0, "x":-0, "n":7}}"#).unwrap();
+    // Spelled as floats, they stay floats: never a protocol integer, as in an HTTP body.
+    assert_eq!(f.params.get("after").and_then(Value::as_protocol_int), None);
+    assert_eq!(f.params.get("x").and_then(Value::as_protocol_int), None);
+    assert_eq!(f.params.get("n").and_then(Value::as_protocol_int), Some(7));
     assert_eq!(f.method, "m");
     let (id, e) = frame::parse(br#"{"id":"b","method":"m","params":[]}"#).unwrap_err();
     assert_eq!(id, relay_core::wire::json::Value::from("b"));

@@ -130,28 +130,18 @@ async function health(env, path, count) {
 }
 
 /**
- * The core's metrics of every shard; with more than one, each sample gains a `shard` label
- * (the families' HELP and TYPE lines come once).
+ * The core's metrics of every shard; with more than one, merged by the core (each sample
+ * gains a `shard` label, and each family's lines stay together).
  */
 async function metrics(env, count) {
   if (count === 1) return shard(env, 0).fetch('https://shard/metrics', { headers: { [SHARD]: '0', [DOOR]: 'admin' } });
-  const seen = new Set();
-  let out = '';
+  const texts = [];
   for (let k = 0; k < count; k += 1) {
     const r = await shard(env, k).fetch('https://shard/metrics', { headers: { [SHARD]: String(k), [DOOR]: 'admin' } });
     if (r.status !== 200) return r;
-    for (const line of (await r.text()).split('\n')) {
-      if (line === '') continue;
-      if (line.startsWith('#')) {
-        if (!seen.has(line)) out += `${line}\n`;
-        seen.add(line);
-        continue;
-      }
-      const m = /^([^{\s]+)(\{([^}]*)\})?(\s.*)$/.exec(line);
-      out += m ? `${m[1]}{shard="${k}"${m[3] ? `,${m[3]}` : ''}}${m[4]}\n` : `${line}\n`;
-    }
+    texts.push(await r.text());
   }
-  return text(200, out, 'text/plain; version=0.0.4; charset=utf-8');
+  return text(200, RelayCore.mergeShardMetrics(texts), 'text/plain; version=0.0.4; charset=utf-8');
 }
 
 export default {

@@ -74,6 +74,17 @@ export const busyAnswer = () => /** @type {Answer} */ (stepOf(core().busy()));
 export const busyFrame = (text) => core().busyFrame(text);
 /** The request headers the core reads (lowercase): a host passes only these. @type {() => string[]} */
 export const requestHeaders = () => core().requestHeaders().split(',');
+/**
+ * The transport limits every host enforces, from the core's one table.
+ * @returns {{name: string, default: number, unit: 'ms' | 'count'}[]}
+ */
+export const transportLimits = () => JSON.parse(core().transportLimits());
+/**
+ * Why a relay must not connect to `ip` as a peer (loopback, private, link-local, ... in every
+ * IPv6 form), or null when it may: the core's definition (`relay_core::transport::address`).
+ * @param {string} ip @returns {string | null}
+ */
+export const refusedAddress = (ip) => core().refusedAddress(ip) ?? null;
 /** The answer for a call lost before it committed: 500 internal, nothing was accepted. @returns {Answer} */
 const uncommitted = () => /** @type {Answer} */ (stepOf(core().uncommitted()));
 

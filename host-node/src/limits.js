@@ -1,32 +1,22 @@
-// The transport limits of issue 18 (protocol.md §6), with their defaults: the same flags,
-// TOML keys and defaults as the wasmtime host, as camelCase options of createRelay and serve.
+// The transport limits (protocol.md §6) come from the core's one table
+// (`relay_core::transport::limits`): the same names, TOML keys, flags and defaults as every
+// host, as camelCase options of createRelay and serve.
 
-/** The defaults; every one can be set by a flag, a TOML key and an option. */
-export const LIMITS = Object.freeze({
-  /** Request line and headers must arrive within it (ms), else 408 and close. `--header-timeout` */
-  headerTimeout: 10_000,
-  /** The whole body within it (ms) once the headers are in, else 408 and close. `--body-timeout` */
-  bodyTimeout: 30_000,
-  /** A keep-alive connection idle this long (ms) is closed. `--idle-timeout` */
-  idleTimeout: 60_000,
-  /** Every WebSocket is pinged this often (ms); no frame since the last ping closes it. `--ws-ping-interval` */
-  wsPingInterval: 30_000,
-  /** Open TCP connections at most (public listener); beyond it new ones are closed at accept. `--max-connections` */
-  maxConnections: 1000,
-  /** Open TCP connections per peer IP address at most; same treatment. `--max-connections-per-ip` */
-  maxConnectionsPerIp: 64,
-  /** Outbound messages queued per WebSocket at most; past it the socket is dropped. `--ws-send-queue` */
-  wsSendQueue: 256,
-  /** Requests waiting to enter the core at most; beyond it 503 unavailable, Retry-After 1. `--max-pending` */
-  maxPending: 1024,
-});
+import { transportLimits } from './core.js';
+
+const TABLE = transportLimits();
+const camel = (name) => name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+
+/**
+ * The defaults by option (`headerTimeout`, `maxPending`, ...); every one can be set by a
+ * flag, a TOML key and an option. Times are in ms.
+ * @type {Readonly<Record<string, number>>}
+ */
+export const LIMITS = Object.freeze(Object.fromEntries(TABLE.map((l) => [camel(l.name), l.default])));
 
 /** The option names with their flags and TOML keys, in the order the usage lists them. */
 export const LIMIT_FLAGS = Object.freeze(
-  Object.keys(LIMITS).map((option) => {
-    const snake = option.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
-    return { option, key: snake, flag: `--${snake.replace(/_/g, '-')}`, unit: /Timeout|Interval/.test(option) ? 'MS' : 'N' };
-  }),
+  TABLE.map((l) => ({ option: camel(l.name), key: l.name, flag: `--${l.name.replace(/_/g, '-')}`, unit: l.unit === 'ms' ? 'MS' : 'N' })),
 );
 
 /**
@@ -46,5 +36,5 @@ export function limitsOf(...sources) {
       out[k] = /** @type {number} */ (v);
     }
   }
-  return /** @type {typeof LIMITS} */ (out);
+  return out;
 }

@@ -15,7 +15,8 @@ pub mod settings;
 pub mod store;
 pub mod tls;
 
-pub use outbound::{refused_address, Rules};
+pub use outbound::Rules;
+pub use relay_core::transport::address::refused as refused_address;
 
 use anyhow::Context;
 use guest::{Core, Event, Reply};

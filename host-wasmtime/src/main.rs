@@ -195,7 +195,8 @@ fn settings(a: ServeArgs) -> anyhow::Result<Settings> {
     for p in &a.policies {
         s.apply_policy(p)?;
     }
-    for (name, v) in relay_host_wasmtime::settings::Limits::NAMES.iter().zip([
+    let names = relay_host_wasmtime::settings::LIMITS.map(|l| l.name);
+    for (name, v) in names.iter().zip([
         a.header_timeout,
         a.body_timeout,
         a.idle_timeout,

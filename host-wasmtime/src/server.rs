@@ -93,7 +93,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     let core = match failed {
         Some(f) => f,
         None if texts.len() == 1 => texts.pop().map(Ok),
-        None => Some(Ok(merged(&texts))),
+        None => Some(Ok(relay_core::engine::metrics::merge_shards(&texts))),
     };
     match core {
         Some(Ok(mut text)) => {
@@ -114,65 +114,6 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             "text/plain; charset=utf-8",
             "the core's metrics could not be read\n".into(),
         ),
-    }
-}
-
-/// The shards' metrics as one exposition: each family described once (from shard 0's
-/// text) and followed by every shard's samples of it, each with `shard="k"`, so a family's
-/// lines stay together as the text format wants.
-fn merged(texts: &[String]) -> String {
-    // Per shard: family name -> its sample lines, labelled.
-    let mut per_shard: Vec<std::collections::HashMap<&str, Vec<String>>> = Vec::new();
-    let mut order: Vec<(&str, Vec<&str>)> = Vec::new();
-    for (k, text) in texts.iter().enumerate() {
-        let mut families: std::collections::HashMap<&str, Vec<String>> = Default::default();
-        let mut family = "";
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# ") {
-                let name = rest.split(' ').nth(1).unwrap_or("");
-                if name != family {
-                    family = name;
-                    if k == 0 {
-                        order.push((name, Vec::new()));
-                    }
-                }
-                if k == 0 {
-                    if let Some((_, head)) = order.last_mut() {
-                        head.push(line);
-                    }
-                }
-                continue;
-            }
-            families
-                .entry(family)
-                .or_default()
-                .push(labelled(line, k as u32));
-        }
-        per_shard.push(families);
-    }
-    let mut out = String::new();
-    for (family, head) in &order {
-        for line in head {
-            out.push_str(line);
-            out.push('\n');
-        }
-        for shard in &per_shard {
-            for line in shard.get(family).into_iter().flatten() {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-    }
-    out
-}
-
-/// One sample line with `shard="k"` as its first label.
-fn labelled(line: &str, shard: u32) -> String {
-    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-    let (name, rest) = line.split_at(name_end);
-    match rest.strip_prefix('{') {
-        Some(labels) => format!("{name}{{shard=\"{shard}\",{labels}"),
-        None => format!("{name}{{shard=\"{shard}\"}}{rest}"),
     }
 }
 
@@ -689,8 +630,8 @@ async fn serve_socket(
             if let Ok(f) = relay_core::wire::frame::parse(text.as_bytes()) {
                 if f.method == "message.send" {
                     sending = true;
-                    if let (Some(pre), Ok(p)) = (&app.preverify, json::parse_object(&f.params)) {
-                        pre.send(&info.token, &p);
+                    if let Some(pre) = &app.preverify {
+                        pre.send(&info.token, &f.params);
                     }
                 }
             }
@@ -744,23 +685,5 @@ async fn serve_socket(
         }
     } else {
         writer.abort();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::merged;
-
-    #[test]
-    fn shard_metrics_carry_their_shard_and_each_family_stays_together() {
-        let text = "# HELP a_total A.\n# TYPE a_total counter\na_total{kind=\"local\"} 3\n# HELP b B.\n# TYPE b gauge\nb 0\n";
-        let two = [
-            text.to_string(),
-            text.replace(" 3", " 5").replace(" 0", " 1"),
-        ];
-        assert_eq!(
-            merged(&two),
-            "# HELP a_total A.\n# TYPE a_total counter\na_total{shard=\"0\",kind=\"local\"} 3\na_total{shard=\"1\",kind=\"local\"} 5\n# HELP b B.\n# TYPE b gauge\nb{shard=\"0\"} 0\nb{shard=\"1\"} 1\n"
-        );
     }
 }

@@ -28,76 +28,8 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
-/// The transport limits of README "Facing the internet" (docs/protocol.md §6), each a flag
-/// (`--header-timeout MS`, ...) and a TOML key of the same name with `_`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Request line and headers within this (ms) of the connection opening or the first byte
-    /// of the next request, else the connection is closed.
-    pub header_timeout: u64,
-    /// The whole body within this (ms) once a handler reads it, else 408 and close.
-    pub body_timeout: u64,
-    /// A keep-alive connection idle this long (ms) is closed.
-    pub idle_timeout: u64,
-    /// Every WebSocket is pinged this often (ms); one that sent nothing since the last ping is closed.
-    pub ws_ping_interval: u64,
-    /// Open TCP connections at most (each listener); more are closed at accept.
-    pub max_connections: u64,
-    /// Open TCP connections per peer IP address at most (public listener); same treatment.
-    pub max_connections_per_ip: u64,
-    /// Outbound messages queued per WebSocket at most; a client that lets more pile up is dropped.
-    pub ws_send_queue: u64,
-    /// Requests (and WebSocket frames) in the core or waiting for it at most; beyond it 503
-    /// `unavailable` with `Retry-After: 1`.
-    pub max_pending: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Limits {
-        Limits {
-            header_timeout: 10_000,
-            body_timeout: 30_000,
-            idle_timeout: 60_000,
-            ws_ping_interval: 30_000,
-            max_connections: 1000,
-            max_connections_per_ip: 64,
-            ws_send_queue: 256,
-            max_pending: 1024,
-        }
-    }
-}
-
-impl Limits {
-    /// Every limit's name (as a TOML key; the flag is `--` and the name with `-`).
-    pub const NAMES: [&'static str; 8] = [
-        "header_timeout",
-        "body_timeout",
-        "idle_timeout",
-        "ws_ping_interval",
-        "max_connections",
-        "max_connections_per_ip",
-        "ws_send_queue",
-        "max_pending",
-    ];
-
-    /// Sets the limit named `name` (a TOML key) to `v`, a positive integer.
-    pub fn set(&mut self, name: &str, v: u64) -> anyhow::Result<()> {
-        anyhow::ensure!(v >= 1, "{name} must be a positive integer, not {v}");
-        let slot = match name {
-            "header_timeout" => &mut self.header_timeout,
-            "body_timeout" => &mut self.body_timeout,
-            "idle_timeout" => &mut self.idle_timeout,
-            "ws_ping_interval" => &mut self.ws_ping_interval,
-            "max_connections" => &mut self.max_connections,
-            "max_connections_per_ip" => &mut self.max_connections_per_ip,
-            "ws_send_queue" => &mut self.ws_send_queue,
-            "max_pending" => &mut self.max_pending,
-            _ => anyhow::bail!("no limit named {name}"),
-        };
-        *slot = v;
-        Ok(())
-    }
-}
+/// The transport limits: the core's one table of their names and defaults.
+pub use relay_core::transport::limits::{Limits, LIMITS};
 
 /// Everything needed to start a relay.
 #[derive(Clone, Debug)]
@@ -234,7 +166,7 @@ impl Settings {
         if let Some(c) = f.component {
             self.component = Some(PathBuf::from(c));
         }
-        for (name, v) in Limits::NAMES.iter().zip([
+        for (name, v) in LIMITS.map(|l| l.name).iter().zip([
             f.header_timeout,
             f.body_timeout,
             f.idle_timeout,
@@ -245,7 +177,7 @@ impl Settings {
             f.max_pending,
         ]) {
             if let Some(v) = v {
-                self.limits.set(name, v)?;
+                self.limits.set(name, v).map_err(anyhow::Error::msg)?;
             }
         }
         if let Some(c) = f.tls_cert {

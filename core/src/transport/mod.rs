@@ -11,8 +11,10 @@
 //! A relay request whose source key is not known yet yields [`Step::FetchKey`]: the host
 //! GETs the URL, reports it with [`Relay::key_fetched`], and submits the request again.
 
+pub mod address;
 pub mod http;
 pub mod keys;
+pub mod limits;
 pub mod method;
 pub mod outbound;
 pub mod placement;
@@ -458,11 +460,13 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                 }
             }
         };
-        let r = self.call(
+        // The frame's params as the strict parser read them are what the method works on.
+        let r = self.engine.call_parsed(
             &Caller::Session(token.to_string()),
             origin,
-            m,
-            &f.params,
+            m.as_str(),
+            f.params,
+            text.len(),
             now,
         );
         if let Some(w) = self.wanted() {
@@ -473,10 +477,11 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                 route: Some(w),
             };
         }
+        let closed = r.http_status() == 401;
         Answer {
-            text: socket::answer_frame(f.id, r.status, &r.body),
-            close: (r.status == 401).then_some((socket::SESSION_CLOSED, socket::ENDED)),
-            effects: std::mem::take(&mut { r }.effects),
+            text: socket::answer_of(f.id, &r.result),
+            close: closed.then_some((socket::SESSION_CLOSED, socket::ENDED)),
+            effects: self.events(r.effects, now),
             route: None,
         }
     }

@@ -63,6 +63,25 @@ pub fn answer_frame(id: Value, status: u16, body: &[u8]) -> String {
     canonical::to_string(&Value::Object(o))
 }
 
+/// The answer frame for a call's result, built from the engine's value (its serialized body
+/// would only be parsed again): `{"id", "result"}`, or `{"id", "error"}` with the error object
+/// the HTTP body carries under `error`.
+pub fn answer_of(id: Value, result: &Result<Value, crate::Error>) -> String {
+    let mut o = Object::new();
+    o.insert("id", id);
+    match result {
+        Ok(v) => o.insert("result", v.clone()),
+        Err(e) => {
+            let inner = match crate::engine::error_body(e) {
+                Value::Object(mut b) => b.remove("error").unwrap_or(Value::Null),
+                _ => Value::Null,
+            };
+            o.insert("error", inner)
+        }
+    };
+    canonical::to_string(&Value::Object(o))
+}
+
 /// The frame id of a text message, when it can be read (for an answer the core did not
 /// give, such as "busy"); `null` otherwise.
 pub fn frame_id(text: &str) -> Value {
