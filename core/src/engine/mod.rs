@@ -341,6 +341,18 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         self.call_with(caller, origin, method, len, move || Ok(params), now)
     }
 
+    /// The `payload_too_large` error for a body of `len` bytes over `max_request_bytes`
+    /// (checked before any parse), or nothing when it fits.
+    pub fn too_large(&self, len: usize) -> Option<Error> {
+        let limit = self.config.policies.max_request_bytes;
+        (len as u64 > limit).then(|| {
+            Error::new(
+                ErrorCode::PayloadTooLarge,
+                format!("request body of {len} bytes exceeds max_request_bytes {limit}"),
+            )
+        })
+    }
+
     fn call_with(
         &mut self,
         caller: &Caller,
@@ -350,15 +362,9 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         params: impl FnOnce() -> Result<Object, Error>,
         now: u64,
     ) -> Response {
-        if len as u64 > self.config.policies.max_request_bytes {
+        if let Some(e) = self.too_large(len) {
             return Response {
-                result: Err(Error::new(
-                    ErrorCode::PayloadTooLarge,
-                    format!(
-                        "request body of {len} bytes exceeds max_request_bytes {}",
-                        self.config.policies.max_request_bytes
-                    ),
-                )),
+                result: Err(e),
                 effects: Vec::new(),
             };
         }

@@ -82,32 +82,43 @@ pub struct Limits {
 }
 
 impl Default for Limits {
+    /// The table's defaults (its rows are in the fields' order; the test checks each name).
     fn default() -> Limits {
-        let mut l = Limits {
-            header_timeout: 0,
-            body_timeout: 0,
-            idle_timeout: 0,
-            ws_ping_interval: 0,
-            max_connections: 0,
-            max_connections_per_ip: 0,
-            ws_send_queue: 0,
-            max_pending: 0,
-        };
-        for t in &LIMITS {
-            // Every name in the table is a field; the defaults are positive.
-            let _ = l.set(t.name, t.default);
+        let d = |i: usize| LIMITS[i].default;
+        Limits {
+            header_timeout: d(0),
+            body_timeout: d(1),
+            idle_timeout: d(2),
+            ws_ping_interval: d(3),
+            max_connections: d(4),
+            max_connections_per_ip: d(5),
+            ws_send_queue: d(6),
+            max_pending: d(7),
         }
-        l
     }
 }
 
 impl Limits {
+    /// The limit named `name` (a TOML key).
+    pub fn get(&self, name: &str) -> Option<u64> {
+        let mut l = *self;
+        l.slot(name).map(|v| *v)
+    }
+
     /// Sets the limit named `name` (a TOML key) to `v`, a positive integer.
     pub fn set(&mut self, name: &str, v: u64) -> Result<(), String> {
         if v < 1 {
             return Err(format!("{name} must be a positive integer, not {v}"));
         }
-        let slot = match name {
+        let slot = self
+            .slot(name)
+            .ok_or_else(|| format!("no limit named {name}"))?;
+        *slot = v;
+        Ok(())
+    }
+
+    fn slot(&mut self, name: &str) -> Option<&mut u64> {
+        Some(match name {
             "header_timeout" => &mut self.header_timeout,
             "body_timeout" => &mut self.body_timeout,
             "idle_timeout" => &mut self.idle_timeout,
@@ -116,14 +127,10 @@ impl Limits {
             "max_connections_per_ip" => &mut self.max_connections_per_ip,
             "ws_send_queue" => &mut self.ws_send_queue,
             "max_pending" => &mut self.max_pending,
-            _ => return Err(format!("no limit named {name}")),
-        };
-        *slot = v;
-        Ok(())
+            _ => return None,
+        })
     }
-}
 
-impl Limits {
     /// The limits as JSON `[{"name", "default", "unit"}]`, in table order (for JS hosts).
     pub fn table_json() -> String {
         use crate::wire::json::{Object, Value};
@@ -152,6 +159,14 @@ mod tests {
             (d.header_timeout, d.max_connections_per_ip, d.max_pending),
             (10_000, 64, 1024)
         );
+        for t in &LIMITS {
+            assert_eq!(
+                d.get(t.name),
+                Some(t.default),
+                "{} is its row's default",
+                t.name
+            );
+        }
         let mut l = d;
         for (i, t) in LIMITS.iter().enumerate() {
             l.set(t.name, 100 + i as u64).unwrap();

@@ -215,15 +215,8 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         };
         // The body is judged by the strict parser before anything else looks at the call,
         // within the size limit first; the call then takes the parsed params (parsed once).
-        let limit = self.engine.config().policies.max_request_bytes;
-        if req.body.len() as u64 > limit {
-            return Step::Respond(Response::fail(
-                ErrorCode::PayloadTooLarge,
-                &format!(
-                    "request body of {} bytes exceeds max_request_bytes {limit}",
-                    req.body.len()
-                ),
-            ));
+        if let Some(e) = self.engine.too_large(req.body.len()) {
+            return Step::Respond(Response::error(&e));
         }
         let params = match json::parse_object(&req.body) {
             Ok(p) => p,
@@ -536,6 +529,11 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         let r = self
             .engine
             .call_from(caller, origin, method.as_str(), params, now);
+        self.answer(r, now)
+    }
+
+    /// An engine answer as the host writes it: status, canonical body, events.
+    fn answer(&mut self, r: engine::Response, now: u64) -> Response {
         let (status, body) = (r.http_status(), r.body());
         let events = self.events(r.effects, now);
         Response::json(status, body, events)
@@ -558,9 +556,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             req.body.len(),
             now,
         );
-        let (status, body) = (r.http_status(), r.body());
-        let events = self.events(r.effects, now);
-        Response::json(status, body, events)
+        self.answer(r, now)
     }
 
     /// The host-facing form of engine effects: sends are signed here.
