@@ -19,10 +19,6 @@ const ROOT = path.resolve(HERE, '..');
 /** The date the Worker is written for (wrangler.jsonc names the same). */
 export const COMPATIBILITY_DATE = '2025-12-01';
 
-export const USAGE = `relay-edge serve [--listen ADDR] [--url URL] [--data DIR] [--network NAME]
-                 [--policy NAME=VALUE]... [--attempt-timeout MS] [--shards N]
-                 [--admin-listen ADDR] [--allow-private-peers] [--no-probe-peers]`;
-
 /** The modules of the Worker: its name in workerd (as imports resolve it) and its file. */
 const MODULES = [
   ['src/worker.js', 'esModule'],
@@ -32,6 +28,15 @@ const MODULES = [
   ['pkg/relay_wasm_bg.wasm', 'wasm'],
 ];
 
+/** The core's wasm build (this Worker's own), which reads command lines as every host does. */
+let wasm = null;
+try {
+  wasm = await import('../pkg/relay_wasm.js');
+  wasm.initSync({ module: fs.readFileSync(path.join(ROOT, 'pkg/relay_wasm_bg.wasm')) });
+} catch {
+  wasm = null;
+}
+
 /** `HOST:PORT` (`[v6]:PORT`). @param {string} addr */
 export function parseAddr(addr) {
   const m = /^(?:\[([^\]]+)\]|([^:[\]]*)):(\d+)$/.exec(addr);
@@ -39,51 +44,15 @@ export function parseAddr(addr) {
   return { host: m[1] ?? m[2], port: Number(m[3]), v6: m[1] !== undefined };
 }
 
-/** @param {string} name @param {string} v */
-function positive(name, v) {
-  if (!/^\d+$/.test(v) || Number(v) < 1) throw new Error(`${name} takes a positive integer, not ${v}`);
-  return Number(v);
-}
-
 /**
- * Turns argv into settings.
+ * `relay-edge serve` arguments as settings: the flags of `relay serve` that apply on workerd
+ * (the shared definition, relay-settings, refuses the others), or `{print}` for --help.
  * @param {string[]} argv
  */
 export function parseArgs(argv) {
-  const s = {
-    listen: '127.0.0.1:8080', url: /** @type {string | null} */ (null), data: '.relay-edge', network: 'dev',
-    policies: /** @type {Record<string, number>} */ ({}), attemptTimeout: /** @type {number | undefined} */ (undefined),
-    shards: 1, adminListen: '127.0.0.1:0', allowPrivatePeers: false, probePeers: true,
-  };
-  const rest = [...argv];
-  const take = (flag) => {
-    const v = rest.shift();
-    if (v === undefined) throw new Error(`${flag} needs a value`);
-    return v;
-  };
-  while (rest.length) {
-    const a = /** @type {string} */ (rest.shift());
-    if (a === '--listen') s.listen = take(a);
-    else if (a === '--url') s.url = take(a);
-    else if (a === '--data') s.data = take(a);
-    else if (a === '--network') s.network = take(a);
-    else if (a === '--admin-listen') s.adminListen = take(a);
-    else if (a === '--allow-private-peers') s.allowPrivatePeers = true;
-    else if (a === '--no-probe-peers') s.probePeers = false;
-    else if (a === '--shards') s.shards = positive(a, take(a));
-    else if (a === '--attempt-timeout') {
-      const v = take(a);
-      if (!/^\d+$/.test(v)) throw new Error('--attempt-timeout takes milliseconds');
-      s.attemptTimeout = Number(v);
-    } else if (a === '--policy') {
-      const [k, v] = take(a).split('=');
-      if (!k || v === undefined || !/^\d+$/.test(v.trim())) throw new Error('--policy takes NAME=INTEGER');
-      s.policies[k.trim()] = Number(v.trim());
-    } else throw new Error(`unknown flag ${a} (the TLS flags and the connection limits of relay serve are workerd's or the platform's here)\n${USAGE}`);
-  }
-  parseAddr(s.listen);
-  parseAddr(s.adminListen);
-  return s;
+  if (!wasm) throw new Error(`${path.join(ROOT, 'pkg')} is missing: build it with \`./x serve-edge\` (xtask bindgen-edge)`);
+  const parsed = JSON.parse(wasm.RelayCore.parseCommand('relay-edge', ['serve', ...argv], (f) => fs.readFileSync(f, 'utf8'), process.cwd()));
+  return parsed.serve ?? parsed;
 }
 
 /** Whether `port` can be bound on `host` now. @param {string} host @param {number} port */
@@ -147,7 +116,7 @@ export function capnp(s, at) {
     relay: at.url,
     network: s.network,
     policies: s.policies,
-    ...(s.attemptTimeout !== undefined ? { attempt_timeout: s.attemptTimeout } : {}),
+    ...(s.attemptTimeout != null ? { attempt_timeout: s.attemptTimeout } : {}),
     shards: s.shards,
     allow_private_peers: s.allowPrivatePeers,
     probe_peers: s.probePeers,
@@ -228,7 +197,7 @@ function fixedShards(data, shards) {
 /** Prepares a start; returns workerd's path and the config's. @param {string[]} argv */
 export async function prepare(argv) {
   const s = parseArgs(argv);
-  if (!fs.existsSync(path.join(ROOT, 'pkg/relay_wasm.js'))) throw new Error(`${path.join(ROOT, 'pkg')} is missing: build it with \`./x serve-edge\` (xtask bindgen-edge)`);
+  if (s.print !== undefined) return { print: s.print };
   const data = path.resolve(s.data);
   // The data directory holds the relay key and the operator token: its owner's only.
   fs.mkdirSync(path.join(data, 'objects'), { recursive: true, mode: 0o700 });
@@ -257,8 +226,9 @@ export async function prepare(argv) {
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   try {
-    const { workerd: bin, config } = await prepare(process.argv.slice(2));
-    process.stdout.write(`${bin}\n${config}\n`);
+    const { workerd: bin, config, print } = await prepare(process.argv.slice(2));
+    if (print !== undefined) process.stderr.write(print);
+    else process.stdout.write(`${bin}\n${config}\n`);
   } catch (e) {
     process.stderr.write(`relay-edge: cannot start: ${e instanceof Error ? e.message : e}\n`);
     process.exit(1);

@@ -2,113 +2,28 @@
 // the operator's calls to a running relay, over its admin listener.
 
 import fs from 'node:fs';
-import path from 'node:path';
-import { parse as parseToml } from 'smol-toml';
 import { createRelay } from './relay.js';
 import { serve, parseAddr } from './server.js';
 import { RelayThread } from './relay-thread.js';
 import { Log, messageOf } from './log.js';
-import { LIMITS, LIMIT_FLAGS } from './limits.js';
-
-const USAGE = `relay-node serve [--listen ADDR] [--url URL] [--data DIR | --memory] [--network NAME]
-                 [--policy NAME=VALUE]... [--attempt-timeout MS] [--admin-listen ADDR]
-                 [--log-format text|json] [--config FILE]
-                 [--tls-cert FILE --tls-key FILE] [--ca FILE]... [--allow-private-peers]
-                 [--header-timeout MS] [--body-timeout MS] [--idle-timeout MS] [--ws-ping-interval MS]
-                 [--max-connections N] [--max-connections-per-ip N] [--ws-send-queue N] [--max-pending N]
-relay-node admin [--data DIR] [--admin-url URL] deliveries [pending|failed]
-relay-node admin [--data DIR] [--admin-url URL] backup FILE
-relay-node admin [--data DIR] [--admin-url URL] metrics`;
+import { parseCommand } from './core.js';
 
 /**
- * Reads a TOML config: `listen`, `url`, `data`, `memory`, `network`, `admin_listen`,
- * `log_format`, `attempt_timeout`, the limits (`header_timeout`, ... as limits.js lists),
- * `tls_cert`, `tls_key`, `ca` (a file or a list), `allow_private_peers`, and a `[policy]` table.
+ * A `relay-node` command line, read by the definition every host shares (the relay-settings
+ * crate, through the core's wasm build): `{serve: settings}`, `{admin: call}` or `{print: text}`.
+ * A line that cannot be taken throws, its message naming the flag or key and the usage.
+ * @param {string[]} argv
  */
-export function readConfig(text) {
-  const c = parseToml(text);
-  const known = new Set([
-    'listen', 'url', 'data', 'memory', 'network', 'component', 'attempt_timeout', 'admin_listen', 'log_format', 'policy',
-    'tls_cert', 'tls_key', 'ca', 'allow_private_peers', ...LIMIT_FLAGS.map((l) => l.key),
-  ]);
-  for (const k of Object.keys(c)) if (!known.has(k)) throw new Error(`config: unknown key ${k}`);
-  return { ...c, policy: c.policy ?? {} };
+export function command(argv) {
+  return parseCommand('relay-node', argv, (file) => fs.readFileSync(file, 'utf8'), process.cwd());
 }
 
-/** @param {string} v */
-function logFormat(v) {
-  if (v !== 'text' && v !== 'json') throw new Error(`--log-format takes text or json, not ${v}`);
-  return v;
-}
-
-/** A positive integer flag or key. @param {string} name @param {unknown} v */
-function positive(name, v) {
-  const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
-  if (!Number.isSafeInteger(n) || /** @type {number} */ (n) < 1) throw new Error(`${name} takes a positive integer, not ${v}`);
-  return /** @type {number} */ (n);
-}
-
-/** Turns argv into settings. */
-export function parseArgs(argv) {
-  const s = {
-    listen: '127.0.0.1:8080', url: null, data: '.relay', network: 'dev', policies: {}, adminListen: '127.0.0.1:0', logFormat: 'text',
-    limits: { ...LIMITS }, tlsCert: null, tlsKey: null, ca: [], allowPrivatePeers: false,
-  };
-  const rest = [...argv];
-  const take = (flag) => {
-    const v = rest.shift();
-    if (v === undefined) throw new Error(`${flag} needs a value`);
-    return v;
-  };
-  const cfgAt = rest.indexOf('--config');
-  if (cfgAt >= 0) {
-    const c = readConfig(fs.readFileSync(rest[cfgAt + 1], 'utf8'));
-    for (const k of ['listen', 'url', 'data', 'network']) if (c[k] !== undefined) s[k] = c[k];
-    if (c.memory === true) s.data = null;
-    if (c.attempt_timeout !== undefined) s.attemptTimeout = Number(c.attempt_timeout);
-    if (c.admin_listen !== undefined) s.adminListen = String(c.admin_listen);
-    if (c.log_format !== undefined) s.logFormat = logFormat(c.log_format);
-    for (const l of LIMIT_FLAGS) if (c[l.key] !== undefined) s.limits[l.option] = positive(l.key, c[l.key]);
-    if (c.tls_cert !== undefined) s.tlsCert = String(c.tls_cert);
-    if (c.tls_key !== undefined) s.tlsKey = String(c.tls_key);
-    if (c.ca !== undefined) s.ca.push(...(Array.isArray(c.ca) ? c.ca : [c.ca]).map(String));
-    if (c.allow_private_peers !== undefined) {
-      if (typeof c.allow_private_peers !== 'boolean') throw new Error('config: allow_private_peers is true or false');
-      s.allowPrivatePeers = c.allow_private_peers;
-    }
-    Object.assign(s.policies, c.policy);
-  }
-  const limitFlag = new Map(LIMIT_FLAGS.map((l) => [l.flag, l.option]));
-  while (rest.length) {
-    const a = rest.shift();
-    if (a === '--listen') s.listen = take(a);
-    else if (a === '--url') s.url = take(a);
-    else if (a === '--data') s.data = take(a);
-    else if (a === '--memory') s.data = null;
-    else if (a === '--network') s.network = take(a);
-    else if (a === '--config') take(a);
-    else if (a === '--admin-listen') s.adminListen = take(a);
-    else if (a === '--log-format') s.logFormat = logFormat(take(a));
-    else if (limitFlag.has(a)) s.limits[limitFlag.get(a)] = positive(a, take(a));
-    else if (a === '--tls-cert') s.tlsCert = take(a);
-    else if (a === '--tls-key') s.tlsKey = take(a);
-    else if (a === '--ca') s.ca.push(take(a));
-    else if (a === '--allow-private-peers') s.allowPrivatePeers = true;
-    else if (a === '--attempt-timeout') {
-      const v = take(a);
-      if (!/^\d+$/.test(v)) throw new Error('--attempt-timeout takes milliseconds');
-      s.attemptTimeout = Number(v);
-    }
-    else if (a === '--policy') {
-      const [k, v] = take(a).split('=');
-      if (!k || v === undefined || !/^\d+$/.test(v.trim())) throw new Error('--policy takes NAME=INTEGER');
-      s.policies[k.trim()] = Number(v.trim());
-    } else throw new Error(`unknown flag ${a}\n${USAGE}`);
-  }
-  parseAddr(s.adminListen);
-  if (Boolean(s.tlsCert) !== Boolean(s.tlsKey)) throw new Error('--tls-cert and --tls-key go together');
-  return s;
-}
+/**
+ * `relay-node serve` arguments as settings: the flags of `relay serve` that apply here, over
+ * the `--config` TOML file, over the defaults.
+ * @param {string[]} argv
+ */
+export const parseArgs = (argv) => command(['serve', ...argv]).serve;
 
 /** A PEM file's text, or an error naming the file and the flag. @param {string} file @param {string} flag */
 function pem(file, flag) {
@@ -169,78 +84,40 @@ export function lastResort(log, state, exit = (code) => process.exit(code)) {
 }
 
 /**
- * `relay-node admin` arguments: the data directory (admin.token, admin.url), an admin URL
- * that overrides admin.url (`--admin-url`, or `--url` as `relay admin` spells it), and the command.
- * @param {string[]} argv
- * @returns {{data: string, adminUrl: string | null, command: string[]}}
+ * Makes an admin call (the request the shared definition built) and prints its answer.
+ * @param {{method: string, url: string, authorization: string | null, body: string}} call
+ * @returns {Promise<number>}
  */
-export function parseAdminArgs(argv) {
-  const s = { data: '.relay', adminUrl: null, command: [] };
-  const rest = [...argv];
-  while (rest.length) {
-    const a = rest.shift();
-    if (a === '--data' || a === '--admin-url' || a === '--url') {
-      const v = rest.shift();
-      if (v === undefined) throw new Error(`${a} needs a value`);
-      if (a === '--data') s.data = v;
-      else s.adminUrl = v.replace(/\/+$/, '');
-    } else if (a.startsWith('--')) throw new Error(`unknown flag ${a}\n${USAGE}`);
-    else s.command.push(a);
-  }
-  const [what, ...args] = s.command;
-  const ok =
-    (what === 'deliveries' && args.length <= 1 && (args.length === 0 || ['pending', 'failed'].includes(args[0]))) ||
-    (what === 'backup' && args.length === 1) ||
-    (what === 'metrics' && args.length === 0);
-  if (!ok) throw new Error(USAGE);
-  return s;
-}
-
-/** Runs `relay-node admin ...` against the relay whose data directory is given. @returns {Promise<number>} */
-async function admin(argv) {
-  const s = parseAdminArgs(argv);
-  const token = fs.readFileSync(path.join(s.data, 'admin.token'), 'utf8').trim();
-  let base = s.adminUrl;
-  if (!base) {
-    try {
-      base = fs.readFileSync(path.join(s.data, 'admin.url'), 'utf8').trim();
-    } catch (e) {
-      throw new Error(`${path.join(s.data, 'admin.url')}: ${e.code === 'ENOENT' ? 'missing (is the relay running? --admin-url URL names its admin listener)' : e.message}`);
-    }
-  }
-  const [what, arg] = s.command;
-  let res;
-  if (what === 'metrics') {
-    res = await fetch(`${base}/metrics`);
-  } else {
-    const params = what === 'backup' ? { path: path.resolve(arg) } : arg ? { state: arg } : {};
-    res = await fetch(`${base}/admin/v1/${what}`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
-      body: JSON.stringify(params),
-    });
-  }
+async function admin(call) {
+  const headers = call.authorization ? { 'content-type': 'application/json', authorization: call.authorization } : {};
+  const res = await fetch(call.url, call.method === 'GET' ? {} : { method: call.method, headers, body: call.body });
   const text = await res.text();
   if (res.ok) {
     process.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
     return 0;
   }
-  process.stderr.write(`relay-node admin ${what}: status ${res.status}: ${text}\n`);
+  process.stderr.write(`relay-node admin: status ${res.status}: ${text}\n`);
   return 1;
 }
 
 export async function main(argv) {
-  const [cmd, ...args] = argv;
-  if (cmd === 'admin') return admin(args);
-  if (cmd !== 'serve') {
-    console.error(USAGE);
+  let parsed;
+  try {
+    parsed = command(argv);
+  } catch (e) {
+    process.stderr.write(`${messageOf(e).trimEnd()}\n`);
     return 2;
   }
-  const s = parseArgs(args);
+  if (parsed.print !== undefined) {
+    process.stdout.write(parsed.print);
+    return 0;
+  }
+  if (parsed.admin) return admin(parsed.admin);
+  const s = parsed.serve;
   const log = new Log({ format: s.logFormat });
   const { host, port } = parseAddr(s.listen);
   const url = s.url ?? `${s.tlsCert ? 'https' : 'http'}://${s.listen}`;
-  const engine = s.attemptTimeout !== undefined ? { attempt_timeout: s.attemptTimeout } : undefined;
+  const engine = s.attemptTimeout != null ? { attempt_timeout: s.attemptTimeout } : undefined;
   let tls = {};
   let ca;
   try {

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { parseArgs, parseAdminArgs } from '../src/cli.js';
+import { parseArgs, command } from '../src/cli.js';
 
 test('relay-node serve takes the wasmtime host flags and a TOML config', () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-node-cfg-'));
@@ -15,9 +15,10 @@ test('relay-node serve takes the wasmtime host flags and a TOML config', () => {
   assert.deepEqual(s.policies, { message_retention: 60000, clock_tolerance: 1000 });
   assert.equal(s.url, 'http://127.0.0.1:9100');
   assert.throws(() => parseArgs(['--policy', 'x=1.5']), /NAME=INTEGER/);
-  assert.throws(() => parseArgs(['--nope']), /unknown flag/);
+  assert.throws(() => parseArgs(['--nope']), /unexpected argument '--nope'/);
+  assert.throws(() => parseArgs(['--shards', '2']), /relay-node does not take --shards/);
   fs.writeFileSync(cfg, 'lisen = "x"\n');
-  assert.throws(() => parseArgs(['--config', cfg]), /unknown key/);
+  assert.throws(() => parseArgs(['--config', cfg]), /unknown field `lisen`/);
   fs.rmSync(dir, { recursive: true });
 });
 
@@ -39,11 +40,17 @@ test('relay-node serve: --admin-listen and --log-format, as flags and config key
   fs.rmSync(dir, { recursive: true });
 });
 
-test('relay-node admin: deliveries, backup and metrics against the admin listener', () => {
-  assert.deepEqual(parseAdminArgs(['backup', '--data', 'd', 'out.sqlite']), { data: 'd', adminUrl: null, command: ['backup', 'out.sqlite'] });
-  assert.deepEqual(parseAdminArgs(['--admin-url', 'http://127.0.0.1:5/', 'deliveries', 'failed']).adminUrl, 'http://127.0.0.1:5');
-  assert.deepEqual(parseAdminArgs(['--url', 'http://127.0.0.1:5', 'metrics']).command, ['metrics']);
-  assert.throws(() => parseAdminArgs(['backup']), /relay-node admin/);
-  assert.throws(() => parseAdminArgs(['deliveries', 'lost']), /relay-node admin/);
-  assert.throws(() => parseAdminArgs(['drop', 'everything']), /relay-node admin/);
+test('relay-node admin: deliveries, backup and metrics make the calls relay admin makes', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-node-admin-'));
+  fs.writeFileSync(path.join(dir, 'admin.url'), 'http://127.0.0.1:5/\n');
+  fs.writeFileSync(path.join(dir, 'admin.token'), 'tok\n');
+  assert.deepEqual(command(['admin', 'backup', '--data', dir, 'out.sqlite']).admin, {
+    method: 'POST', url: 'http://127.0.0.1:5/admin/v1/backup?shard=0', authorization: 'Bearer tok', body: JSON.stringify({ path: path.resolve('out.sqlite') }),
+  });
+  assert.equal(command(['admin', '--data', dir, '--admin-url', 'http://127.0.0.1:6/', 'deliveries', 'failed']).admin.url, 'http://127.0.0.1:6/admin/v1/deliveries?shard=0');
+  assert.deepEqual(command(['admin', '--data', dir, 'metrics']).admin, { method: 'GET', url: 'http://127.0.0.1:5/metrics', authorization: null, body: '' });
+  for (const [bad, says] of [[['backup'], /Usage: relay-node admin backup/], [['deliveries', 'lost'], /possible values: pending, failed/], [['drop', 'everything'], /unrecognized subcommand 'drop'/]]) {
+    assert.throws(() => command(['admin', '--data', dir, ...bad]), says);
+  }
+  fs.rmSync(dir, { recursive: true });
 });

@@ -635,7 +635,7 @@ mod tests {
             relay_core::wire::identity::RelayId::parse(RELAY).unwrap(),
             "dev",
         );
-        let component = crate::settings::Settings::default().component_path();
+        let component = crate::settings::component_path(&Default::default());
         let store = AnyStore::Sqlite(SqliteStore::open(db).expect("sqlite"));
         Core::load(
             &wasm_engine().unwrap(),
@@ -791,7 +791,7 @@ mod tests {
         );
         let e = Core::load(
             &wasm_engine().unwrap(),
-            &crate::settings::Settings::default().component_path(),
+            &crate::settings::component_path(&Default::default()),
             AnyStore::Sqlite(SqliteStore::open(&db).expect("sqlite")),
             String::from_utf8(config.to_json()).unwrap(),
             [7; 32],

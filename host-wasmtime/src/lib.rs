@@ -518,7 +518,16 @@ fn create_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
 /// If the core traps and no fresh instance can be made over the storage, the relay does not
 /// go on: it logs why and exits the process with status 70.
 pub async fn start(settings: Settings) -> anyhow::Result<Running> {
-    settings.check()?;
+    start_with(settings, None).await
+}
+
+/// Starts a relay whose storage and core fail on request (tests of the timer's recovery).
+#[doc(hidden)]
+pub async fn start_with(
+    settings: Settings,
+    faults: Option<Arc<store::Faults>>,
+) -> anyhow::Result<Running> {
+    settings.check().map_err(anyhow::Error::msg)?;
     raise_descriptor_limit(&settings.limits);
     let acceptor = match (&settings.tls_cert, &settings.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
@@ -569,7 +578,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
         }
     };
     let seed: [u8; 32] = seed.try_into().map_err(|_| anyhow::anyhow!("relay key"))?;
-    let component = settings.component_path();
+    let component = settings::component_path(&settings);
 
     let engine = guest::wasm_engine().map_err(|e| anyhow::anyhow!("wasmtime: {e:#}"))?;
     {
@@ -608,7 +617,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<Running> {
             seed,
             admin_token: admin_token.clone(),
             preverify: pre.clone(),
-            faults: settings.faults.clone(),
+            faults: faults.clone(),
             metrics: metrics.clone(),
             health: health.clone(),
             wake: wake_tx.clone(),

@@ -323,8 +323,7 @@ async fn relay_rpc_requires_a_valid_relay_signature() {
 
 #[test]
 fn the_component_imports_only_the_relay_host_interface() {
-    let settings = relay_host_wasmtime::settings::Settings::default();
-    let path = settings.component_path();
+    let path = relay_host_wasmtime::settings::component_path(&Default::default());
     let engine = relay_host_wasmtime::guest::wasm_engine().unwrap();
     let bytes = std::fs::read(&path).expect("component built by ./x (xtask component)");
     let component = wasmtime::component::Component::from_binary(&engine, &bytes).unwrap();

@@ -1251,12 +1251,14 @@ async fn the_timer_stays_armed_through_traps_and_storage_faults_without_spinning
         .try_init();
     let faults = Arc::new(Faults::default());
     let f = faults.clone();
-    let a = relay(move |s| {
-        s.faults = Some(f);
-        policy(s, "retry_initial", 100);
-        policy(s, "retry_max", 400);
-    })
-    .await;
+    let mut s = Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data: None,
+        ..Settings::default()
+    };
+    policy(&mut s, "retry_initial", 100);
+    policy(&mut s, "retry_max", 400);
+    let a = relay_host_wasmtime::start_with(s, Some(f)).await.unwrap();
     let gate_port = free_port();
     let b = relay(move |s| s.url = Some(format!("http://127.0.0.1:{gate_port}"))).await;
     let mut gate = Gate {

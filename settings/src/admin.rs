@@ -1,0 +1,158 @@
+//! `admin`: the operator's calls to a running relay, through its admin listener.
+
+use crate::Error;
+use relay_core::wire::canonical;
+use relay_core::wire::json::Object;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args)]
+pub(crate) struct AdminArgs {
+    /// The relay's data directory: holds admin.token, and admin.url (the admin listener's
+    /// address, written by the running relay).
+    #[arg(long, global = true, default_value = ".relay")]
+    data: PathBuf,
+    /// The admin listener's URL, instead of the one in DATA/admin.url.
+    #[arg(long, global = true, visible_alias = "admin-url")]
+    url: Option<String>,
+    /// On a relay started with --shards: the shard asked (deliveries and backups are per
+    /// shard; shard k's database is relay-shard-k.sqlite, shard 0's relay.sqlite).
+    #[arg(long, global = true, default_value_t = 0)]
+    shard: u32,
+    #[command(subcommand)]
+    what: AdminCommand,
+}
+
+/// One operator call.
+#[derive(clap::Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum AdminCommand {
+    /// List deliveries this relay is responsible for (and quarantined tick entries).
+    Deliveries {
+        /// Only these (default: pending and failed).
+        state: Option<DeliveryState>,
+    },
+    /// Copy the running relay's database to FILE, consistently, without stopping it.
+    ///
+    /// The relay writes the copy itself (SQLite's online backup over its own connection,
+    /// between two commit groups), so FILE holds exactly the operations committed before
+    /// the backup began. FILE is written whole with mode 0600 and replaces any file there;
+    /// it is a path on the relay's machine.
+    ///
+    /// To restore: stop the relay; make a new data directory holding FILE as relay.sqlite
+    /// and the original relay.key (and admin.token, to keep the operator token); start the
+    /// relay on it with the same --url. Deliveries pending in the backup resume. Messages
+    /// accepted after the backup began are not in it: clients retry them unchanged, and
+    /// the protocol's idempotency makes the retry safe.
+    Backup {
+        /// Where to write the copy.
+        file: PathBuf,
+    },
+    /// Print the relay's metrics (the Prometheus text of GET /metrics).
+    Metrics,
+}
+
+/// Which deliveries `admin deliveries` lists.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryState {
+    /// Still being attempted.
+    Pending,
+    /// Ended without delivery.
+    Failed,
+}
+
+/// An `admin` command line: where the relay is, and what to ask it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admin {
+    /// The relay's data directory.
+    pub data: PathBuf,
+    /// The admin listener's URL when given (else DATA/admin.url names it).
+    pub url: Option<String>,
+    /// The shard asked.
+    pub shard: u32,
+    /// The call.
+    pub what: AdminCommand,
+}
+
+impl From<AdminArgs> for Admin {
+    fn from(a: AdminArgs) -> Admin {
+        Admin {
+            data: a.data,
+            url: a.url,
+            shard: a.shard,
+            what: a.what,
+        }
+    }
+}
+
+/// The HTTP request an admin command makes; the host sends it and prints the answer's body
+/// (to stdout on 200, else with its status to stderr, exiting 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminCall {
+    /// `GET` or `POST`.
+    pub method: &'static str,
+    /// The whole URL.
+    pub url: String,
+    /// The operator's bearer token, for `authorization` (none for `/metrics`).
+    pub authorization: Option<String>,
+    /// The canonical JSON body of a `POST`.
+    pub body: Vec<u8>,
+}
+
+impl Admin {
+    /// The request to make. `read` reads the relay's files (admin.url, admin.token); `cwd`
+    /// makes a backup's file absolute, since the relay, not this process, writes it.
+    pub fn call(
+        &self,
+        mut read: impl FnMut(&Path) -> Result<String, String>,
+        cwd: &Path,
+    ) -> Result<AdminCall, Error> {
+        let base = match &self.url {
+            Some(u) => u.clone(),
+            None => {
+                let file = self.data.join("admin.url");
+                read(&file).map_err(|e| {
+                    Error(format!(
+                        "{}: {e} (is a relay running on this data directory? or pass --url)",
+                        file.display()
+                    ))
+                })?
+            }
+        };
+        let base = base.trim().trim_end_matches('/');
+        let mut params = Object::new();
+        let method = match &self.what {
+            AdminCommand::Metrics => {
+                return Ok(AdminCall {
+                    method: "GET",
+                    url: format!("{base}/metrics"),
+                    authorization: None,
+                    body: Vec::new(),
+                })
+            }
+            AdminCommand::Deliveries { state } => {
+                if let Some(s) = state {
+                    params.insert(
+                        "state",
+                        match s {
+                            DeliveryState::Pending => "pending",
+                            DeliveryState::Failed => "failed",
+                        },
+                    );
+                }
+                "deliveries"
+            }
+            AdminCommand::Backup { file } => {
+                params.insert("path", cwd.join(file).display().to_string());
+                "backup"
+            }
+        };
+        let token_file = self.data.join("admin.token");
+        let token =
+            read(&token_file).map_err(|e| Error(format!("{}: {e}", token_file.display())))?;
+        Ok(AdminCall {
+            method: "POST",
+            url: format!("{base}/admin/v1/{method}?shard={}", self.shard),
+            authorization: Some(format!("Bearer {}", token.trim())),
+            body: canonical::object_to_vec(&params),
+        })
+    }
+}

@@ -1,0 +1,267 @@
+use super::*;
+use relay_core::transport::limits::LIMITS;
+use std::path::PathBuf;
+
+fn no_file(p: &Path) -> Result<String, String> {
+    Err(format!("no file {}", p.display()))
+}
+
+fn serve(host: Host, argv: &[&str]) -> Result<Settings, String> {
+    serve_with(host, argv, "")
+}
+
+fn serve_with(host: Host, argv: &[&str], file: &str) -> Result<Settings, String> {
+    let words = std::iter::once("serve").chain(argv.iter().copied());
+    match parse(host, words, |_| Ok(file.to_string())) {
+        Ok(Parsed::Serve(s)) => Ok(*s),
+        Ok(other) => panic!("not serve: {other:?}"),
+        Err(e) => Err(e.0),
+    }
+}
+
+#[test]
+fn every_transport_limit_is_a_flag_and_a_key_of_the_same_name() {
+    let argv: Vec<String> = LIMITS
+        .iter()
+        .enumerate()
+        .flat_map(|(i, l)| {
+            [
+                format!("--{}", l.name.replace('_', "-")),
+                (i + 1).to_string(),
+            ]
+        })
+        .collect();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let s = serve(Host::Wasmtime, &argv).unwrap();
+    let file: String = LIMITS
+        .iter()
+        .enumerate()
+        .map(|(i, l)| format!("{} = {}\n", l.name, i + 11))
+        .collect();
+    let f = serve_with(Host::Node, &["--config", "r.toml"], &file).unwrap();
+    for (i, l) in LIMITS.iter().enumerate() {
+        assert_eq!(s.limits.get(l.name), Some(i as u64 + 1), "{}", l.name);
+        assert_eq!(f.limits.get(l.name), Some(i as u64 + 11), "{}", l.name);
+    }
+}
+
+#[test]
+fn flags_override_the_file_and_the_file_overrides_the_defaults() {
+    let file = "listen = \"127.0.0.1:9100\"\nnetwork = \"n1\"\nmemory = true\nca = \"a.pem\"\n\
+                [policy]\nmessage_retention = 60000\nclock_tolerance = 5\n";
+    let s = serve_with(
+        Host::Wasmtime,
+        &[
+            "--config",
+            "r.toml",
+            "--policy",
+            "clock_tolerance=1000",
+            "--network",
+            "n2",
+            "--ca",
+            "b.pem",
+        ],
+        file,
+    )
+    .unwrap();
+    assert_eq!(s.listen.to_string(), "127.0.0.1:9100");
+    assert_eq!((s.data, s.network.as_str()), (None, "n2"));
+    assert_eq!(
+        (s.policies.message_retention, s.policies.clock_tolerance),
+        (60_000, 1000)
+    );
+    assert_eq!(s.policy.len(), 2, "the policies given, by name");
+    assert_eq!(s.ca, vec![PathBuf::from("a.pem"), PathBuf::from("b.pem")]);
+    let d = serve(Host::Wasmtime, &[]).unwrap();
+    assert_eq!(d, Settings::default());
+    assert_eq!(
+        serve(Host::Edge, &[]).unwrap().data,
+        Some(PathBuf::from(".relay-edge"))
+    );
+}
+
+#[test]
+fn bad_values_are_refused_naming_the_flag_or_key() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--policy", "x=1.5"], "NAME=INTEGER"),
+        (&["--policy", "nope=1"], "unknown policy"),
+        (&["--header-timeout", "0"], "positive integer"),
+        (&["--header-timeout", "-1"], "positive integer"),
+        (&["--max-pending", "1.5"], "positive integer"),
+        (&["--shards", "0"], "positive integer"),
+        (&["--log-format", "yaml"], "text or json"),
+        (&["--admin-listen", "localhost"], "HOST:PORT"),
+        (&["--tls-cert", "c.pem"], "go together"),
+        (&["--nope"], "unexpected argument '--nope'"),
+        (&["--attempt-timeout", "soon"], "milliseconds"),
+    ];
+    for (argv, says) in cases {
+        let e = serve(Host::Wasmtime, argv).unwrap_err();
+        assert!(e.contains(says), "{argv:?}: {e}");
+        let hint = e.contains("Usage: relay serve") || e.contains("try '--help'");
+        assert!(hint, "{argv:?} carries the usage or where to find it: {e}");
+    }
+    for (file, says) in [
+        ("lisen = \"x\"", "unknown field `lisen`"),
+        (
+            "max_pending = 0",
+            "the key max_pending: max_pending must be a positive integer",
+        ),
+        ("allow_private_peers = \"yes\"", "allow_private_peers"),
+        ("config = \"other.toml\"", "unknown field `config`"),
+    ] {
+        let e = serve_with(Host::Wasmtime, &["--config", "r.toml"], file).unwrap_err();
+        assert!(e.contains(says), "{file}: {e}");
+    }
+    let e = parse(Host::Node, ["serve", "--config", "gone.toml"], no_file).unwrap_err();
+    assert!(e.0.contains("--config gone.toml: no file gone.toml"), "{e}");
+}
+
+#[test]
+fn each_host_refuses_the_flags_it_cannot_honour() {
+    for (host, argv, says) in [
+        (
+            Host::Edge,
+            &["--tls-cert", "c.pem", "--tls-key", "k.pem"][..],
+            "relay-edge does not take --tls-cert",
+        ),
+        (
+            Host::Edge,
+            &["--max-pending", "4"],
+            "relay-edge does not take --max-pending",
+        ),
+        (
+            Host::Edge,
+            &["--memory"],
+            "relay-edge does not take --memory",
+        ),
+        (
+            Host::Edge,
+            &["--config", "r.toml"],
+            "relay-edge does not take --config",
+        ),
+        (
+            Host::Node,
+            &["--shards", "4"],
+            "relay-node does not take --shards",
+        ),
+        (
+            Host::Node,
+            &["--component", "c.wasm"],
+            "relay-node does not take --component",
+        ),
+        (
+            Host::Wasmtime,
+            &["--no-probe-peers"],
+            "relay does not take --no-probe-peers",
+        ),
+    ] {
+        let e = serve(host, argv).unwrap_err();
+        assert!(e.contains(says), "{host:?} {argv:?}: {e}");
+    }
+    let e = serve_with(Host::Node, &["--config", "r.toml"], "shards = 2").unwrap_err();
+    assert!(e.contains("relay-node does not take the key shards"), "{e}");
+    let s = serve(
+        Host::Edge,
+        &["--shards", "4", "--no-probe-peers", "--allow-private-peers"],
+    )
+    .unwrap();
+    assert_eq!(
+        (s.shards, s.probe_peers, s.allow_private_peers),
+        (4, false, true)
+    );
+    // What a host does not take is not in its help either.
+    let Ok(Parsed::Print(help)) = parse(Host::Edge, ["serve", "--help"], no_file) else {
+        panic!("help is printed")
+    };
+    assert!(
+        help.contains("--shards") && !help.contains("--tls-cert"),
+        "{help}"
+    );
+}
+
+#[test]
+fn the_settings_serialize_as_the_javascript_hosts_take_them() {
+    let s = serve(
+        Host::Node,
+        &["--policy", "clock_tolerance=1000", "--max-pending", "5"],
+    )
+    .unwrap();
+    let v = serde_json::to_string(&s).unwrap();
+    assert!(
+        v.starts_with(
+            r#"{"listen":"127.0.0.1:8080","adminListen":"127.0.0.1:0","logFormat":"text""#
+        ),
+        "{v}"
+    );
+    assert!(v.contains(r#""policies":{"clock_tolerance":1000}"#), "{v}");
+    assert!(v.contains(r#""limits":{"headerTimeout":10000,"bodyTimeout":30000,"idleTimeout":60000,"wsPingInterval":30000,"maxConnections":1000,"maxConnectionsPerIp":64,"wsSendQueue":256,"maxPending":5}"#), "{v}");
+}
+
+#[test]
+fn admin_commands_make_the_call_the_relay_expects() {
+    let files = |p: &Path| match p.file_name().and_then(|n| n.to_str()) {
+        Some("admin.url") => Ok("http://127.0.0.1:5/\n".to_string()),
+        Some("admin.token") => Ok("tok\n".to_string()),
+        _ => Err("no".to_string()),
+    };
+    let admin = |argv: &[&str]| match parse(Host::Node, argv.iter().copied(), no_file) {
+        Ok(Parsed::Admin(a)) => a,
+        other => panic!("{argv:?}: {other:?}"),
+    };
+    let a = admin(&[
+        "admin",
+        "backup",
+        "--data",
+        "d",
+        "out.sqlite",
+        "--shard",
+        "2",
+    ]);
+    let c = a.call(files, Path::new("/here")).unwrap();
+    assert_eq!(
+        (
+            c.method,
+            c.url.as_str(),
+            c.authorization.as_deref(),
+            c.body.as_slice()
+        ),
+        (
+            "POST",
+            "http://127.0.0.1:5/admin/v1/backup?shard=2",
+            Some("Bearer tok"),
+            &br#"{"path":"/here/out.sqlite"}"#[..]
+        )
+    );
+    let c = admin(&["admin", "--admin-url", "http://h:1", "deliveries", "failed"])
+        .call(files, Path::new("/"))
+        .unwrap();
+    assert_eq!(
+        (c.url.as_str(), c.body.as_slice()),
+        (
+            "http://h:1/admin/v1/deliveries?shard=0",
+            &br#"{"state":"failed"}"#[..]
+        )
+    );
+    let c = admin(&["admin", "metrics"])
+        .call(no_file, Path::new("/"))
+        .unwrap_err();
+    assert!(c.0.contains("admin.url") && c.0.contains("--url"), "{c}");
+    for (bad, says) in [
+        (&["admin", "backup"][..], "Usage: relay-node admin backup"),
+        (
+            &["admin", "deliveries", "lost"],
+            "[possible values: pending, failed]",
+        ),
+        (
+            &["admin", "drop", "everything"],
+            "unrecognized subcommand 'drop'",
+        ),
+    ] {
+        let e = parse(Host::Node, bad.iter().copied(), no_file).unwrap_err();
+        assert!(e.0.contains(says), "{bad:?}: {e}");
+    }
+    assert!(
+        matches!(parse(Host::Wasmtime, ["--version"], no_file), Ok(Parsed::Print(v)) if v.starts_with("relay "))
+    );
+}
