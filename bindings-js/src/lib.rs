@@ -492,10 +492,15 @@ impl RelayCore {
         use relay_core::wire::json::{Object, Value};
         match self.relay.handle(&req, now as u64) {
             Step::Respond(r) => response_bytes(&r),
-            Step::FetchKey { relay, url } => {
+            Step::FetchKey {
+                relay,
+                url,
+                timeout_ms,
+            } => {
                 let mut o = Object::new();
                 o.insert("relay", relay);
                 o.insert("url", url);
+                o.insert("timeout_ms", timeout_ms);
                 step_line("fetch", &Value::Object(o))
             }
             Step::Upgrade(u) => {
@@ -504,6 +509,14 @@ impl RelayCore {
                 o.insert("account", u.account);
                 o.insert("device_id", u.device_id);
                 o.insert("expires_at", u.expires_at);
+                // The close the host makes at expires_at (the core's, so no host spells it).
+                let mut close = Object::new();
+                close.insert(
+                    "code",
+                    u64::from(relay_core::transport::socket::SESSION_CLOSED),
+                );
+                close.insert("reason", relay_core::transport::socket::EXPIRED);
+                o.insert("expiry_close", close);
                 step_line("upgrade", &Value::Object(o))
             }
             Step::Backup { path } => step_line("backup", &Value::from(path.as_str())),

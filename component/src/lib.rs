@@ -306,7 +306,15 @@ mod guest {
             );
             match step {
                 Step::Respond(r) => t::Step::Respond(response(r)),
-                Step::FetchKey { relay, url } => t::Step::FetchKey(t::KeyFetch { relay, url }),
+                Step::FetchKey {
+                    relay,
+                    url,
+                    timeout_ms,
+                } => t::Step::FetchKey(t::KeyFetch {
+                    relay,
+                    url,
+                    timeout_ms,
+                }),
                 Step::FetchRoute(w) => t::Step::FetchRoute(route_wanted(w)),
                 Step::Upgrade(u) => t::Step::Upgrade(t::Upgrade {
                     token: u.token,

@@ -47,7 +47,7 @@
 //!         Step::Respond(r) => break r,
 //!         // A relay request from a relay whose key is not known yet: GET the URL,
 //!         // report what came back, and submit the request again.
-//!         Step::FetchKey { relay: peer, url: _ } => relay.key_fetched(&peer, Fetch::NotSent, now),
+//!         Step::FetchKey { relay: peer, .. } => relay.key_fetched(&peer, Fetch::NotSent, now),
 //!         // A sharded relay only: ask shard `w.shard` for the route, report, submit again.
 //!         Step::FetchRoute(w) => relay.route_fetched(&w.account, Fetch::NotSent),
 //!         Step::Upgrade(_) => unreachable!("only GET /v1/ws upgrades"),

@@ -20,10 +20,6 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 /** Largest answer read from a peer; a longer one is an unreadable answer (unknown). */
 const MAX_ANSWER = 1 << 20;
-/** The longest a key fetch may take: two thirds of the attempt timeout, at most 20 s (as on the other hosts). */
-const keyFetchTimeout = (attemptTimeout = 30000) => Math.min(20000, Math.max(1, Math.floor((attemptTimeout * 2) / 3)));
-/** The close code of a session that ended (the core's `transport::socket::SESSION_CLOSED`). */
-const SESSION_CLOSED = 4401;
 /** The headers that carry, from the Worker to an object, what only the Worker knows. */
 const DOOR = 'x-relay-door';
 const ORIGIN = 'x-relay-origin';
@@ -332,7 +328,7 @@ export class RelayShard extends DurableObject {
       const out = this.#call((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, Date.now()), null);
       const s = out === null ? uncommitted() : stepOf(out);
       if ('fetch' in s && round < 3) {
-        await this.#fetchKey(s.fetch.relay, s.fetch.url);
+        await this.#fetchKey(s.fetch);
         continue;
       }
       if ('route' in s && round < 3) {
@@ -350,11 +346,15 @@ export class RelayShard extends DurableObject {
     }
   }
 
-  /** GETs a relay's key document for the core (one GET per relay in flight) and reports it. */
-  #fetchKey(relay, url) {
+  /**
+   * GETs a relay's key document for the core (one GET per relay in flight, within the time
+   * the core gave) and reports it.
+   * @param {{relay: string, url: string, timeout_ms: number}} fetch
+   */
+  #fetchKey({ relay, url, timeout_ms: timeout }) {
     let p = this.keyFetches.get(relay);
     if (!p) {
-      p = this.#exchange('GET', url, {}, undefined, keyFetchTimeout(this.settings.attemptTimeout)).then((r) => {
+      p = this.#exchange('GET', url, {}, undefined, timeout).then((r) => {
         this.keyFetches.delete(relay);
         if (r.status !== 200) console.warn(`key fetch from ${relay} failed: ${r.why ?? `status ${r.status}`}`);
         this.#call((c) => c.keyFetched(relay, r.status, r.body, Date.now()), undefined);
@@ -395,7 +395,7 @@ export class RelayShard extends DurableObject {
     const pair = new WebSocketPair();
     const [client, server] = [pair[0], pair[1]];
     this.ctx.acceptWebSocket(server, [u.account, `${u.account} ${u.device_id}`]);
-    server.serializeAttachment({ token: u.token, account: u.account, device_id: u.device_id, expires_at: u.expires_at, origin });
+    server.serializeAttachment({ token: u.token, account: u.account, device_id: u.device_id, expires_at: u.expires_at, close: u.expiry_close, origin });
     this.#wake(u.expires_at);
     return new Response(null, { status: 101, webSocket: client });
   }
@@ -460,7 +460,7 @@ export class RelayShard extends DurableObject {
     for (const ws of this.ctx.getWebSockets()) {
       const a = ws.deserializeAttachment();
       if (!a) continue;
-      if (a.expires_at <= now) ws.close(SESSION_CLOSED, 'session expired');
+      if (a.expires_at <= now) ws.close(a.close.code, a.close.reason);
       else next = Math.min(next, a.expires_at);
     }
     if (next !== Infinity) this.#wake(next);

@@ -52,7 +52,7 @@ const decoder = new TextDecoder();
  * answer `{status, headers, effects?, body}` (the body as bytes, to write as they are), or
  * `{fetch: {relay, url}}`, `{upgrade: {token, account, device_id, expires_at}}`, `{backup: path}`.
  * @typedef {{status: number, headers: Record<string, string>, effects?: object[], body: Uint8Array}} Answer
- * @typedef {Answer | {fetch: {relay: string, url: string}} | {upgrade: {token: string, account: string, device_id: string, expires_at: number}} | {backup: string}} Step
+ * @typedef {Answer | {fetch: {relay: string, url: string, timeout_ms: number}} | {upgrade: {token: string, account: string, device_id: string, expires_at: number, expiry_close: {code: number, reason: string}}} | {backup: string}} Step
  * @param {Uint8Array} bytes @returns {Step}
  */
 export function stepOf(bytes) {

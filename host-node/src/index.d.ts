@@ -144,12 +144,13 @@ export interface HttpAnswer {
   body: Uint8Array;
 }
 
-/** Who a WebSocket belongs to; the host closes it with 4401 "session expired" at `expires_at`. */
+/** Who a WebSocket belongs to; the host closes it with `expiry_close` (the core's 4401 "session expired") at `expires_at`. */
 export interface WebSocketSession {
   token: string;
   account: string;
   device_id: string;
   expires_at: number;
+  expiry_close: { code: number; reason: string };
 }
 
 /** The core's answer to a WebSocket text message. */

@@ -18,9 +18,6 @@ import { secret } from './secrets.js';
 
 export { secret };
 
-/** The whole exchange may take at most this long before its outcome counts as unknown. */
-const RESPONSE_TIMEOUT_MS = 20000;
-
 const b64u = (buf) => Buffer.from(buf).toString('base64url');
 /** Params as the core takes them: bytes (a string is UTF-8 encoded, a value serialized). */
 const bytesOf = (p) => (p instanceof Uint8Array ? p : Buffer.from(typeof p === 'string' ? p : JSON.stringify(p)));
@@ -78,7 +75,6 @@ const answer = (status, value) => ({ status, headers: { 'content-type': 'applica
  * @property {number} maxRequestBytes
  * @property {string} adminToken
  * @property {object} storage
- * @property {number} [attemptTimeout]
  * @property {string | null} [data] the data directory, if any
  * @property {string} [adminListen] where `serve` puts the admin listener
  * @property {Log} [log]
@@ -105,8 +101,6 @@ export class Relay extends EventEmitter {
     this.adminListen = info.adminListen ?? '127.0.0.1:0';
     this.log = info.log ?? core.log;
     this.metrics = info.metrics ?? core.metrics ?? new RelayMetrics();
-    // The host gives up at two thirds of the core's attempt timeout, so its verdict arrives first.
-    this.responseTimeout = Math.min(RESPONSE_TIMEOUT_MS, Math.max(1, Math.floor(((info.attemptTimeout ?? 30000) * 2) / 3)));
     this.timer = null;
     /** The wait before a tick retried after a storage failure (ms; 0 while none failed). */
     this.retryDelay = 0;
@@ -183,7 +177,7 @@ export class Relay extends EventEmitter {
    * WebSocket upgrade belongs to. A relay request whose source key is not known yet waits
    * for its fetch (one GET per relay in flight), then goes in again; a backup is written here.
    * @param {Request} req
-   * @returns {Promise<Answer | {upgrade: {token: string, account: string, device_id: string, expires_at: number}}>}
+   * @returns {Promise<Answer | {upgrade: {token: string, account: string, device_id: string, expires_at: number, expiry_close: {code: number, reason: string}}}>}
    */
   async handle(req) {
     for (let round = 0; ; round += 1) {
@@ -193,7 +187,7 @@ export class Relay extends EventEmitter {
       if ('fetch' in s && round < 3) {
         // The answer waits for its commit group: a fetch the core said to wait for may have
         // ended meanwhile. Then it goes in again at once, rather than fetching a second time.
-        if ((this.fetchedAt.get(s.fetch.relay) ?? -1) < seq || this.keyFetches.has(s.fetch.relay)) await this.#fetchKey(s.fetch.relay, s.fetch.url);
+        if ((this.fetchedAt.get(s.fetch.relay) ?? -1) < seq || this.keyFetches.has(s.fetch.relay)) await this.#fetchKey(s.fetch);
         continue;
       }
       if ('upgrade' in s) return s;
@@ -213,11 +207,15 @@ export class Relay extends EventEmitter {
     return { text: a.text, close: a.close ?? null };
   }
 
-  /** GETs a relay's key document for the core (one GET per relay in flight) and reports it. */
-  #fetchKey(relay, url) {
+  /**
+   * GETs a relay's key document for the core (one GET per relay in flight, within the time
+   * the core gave) and reports it.
+   * @param {{relay: string, url: string, timeout_ms: number}} fetch
+   */
+  #fetchKey({ relay, url, timeout_ms: timeout }) {
     let p = this.keyFetches.get(relay);
     if (!p) {
-      p = this.exchange('GET', url, {}, undefined).then((r) => {
+      p = this.exchange('GET', url, {}, undefined, timeout).then((r) => {
         if (r.kind !== 'answered' || r.status !== 200) this.log.debug(`key fetch from ${relay} failed: ${r.kind === 'answered' ? `status ${r.status}` : r.why}`);
         this.core.keyFetched(relay, statusOf(r), r.body ?? EMPTY, Date.now());
         this.keyFetches.delete(relay);
@@ -298,7 +296,7 @@ export class Relay extends EventEmitter {
    * (fetch retries a 421 on its own, which would resend a signed request with a used nonce).
    * `not_sent` only when no connection was made; after that an error or timeout is `unknown`.
    */
-  exchange(method, url, headers, body, timeout = this.responseTimeout) {
+  exchange(method, url, headers, body, timeout) {
     let u;
     try {
       u = new URL(url);
@@ -475,14 +473,12 @@ export async function createRelay(opts) {
   if ('onCommit' in storage) storage.onCommit = (size, seconds) => metrics.commit(size, seconds);
   if (opts.data) warnOpen(opts.data, log);
   const maxRequestBytes = JSON.parse(core.wellKnown()).policies?.max_request_bytes ?? 262144;
-  const attemptTimeout = opts.engine?.attempt_timeout;
   return new Relay(core, {
     relay: opts.relay,
     network,
     maxRequestBytes,
     adminToken: b64u(admin),
     storage,
-    attemptTimeout,
     data: opts.data ?? null,
     adminListen: opts.adminListen,
     log,

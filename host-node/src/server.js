@@ -19,8 +19,6 @@ import { busyAnswer, busyFrame, requestHeaders } from './core.js';
 import { CONTENT_TYPE, TransportMetrics } from './metrics.js';
 import { limitsOf } from './limits.js';
 
-/** The close code of a session that ended (the core's `transport::socket::SESSION_CLOSED`): the host closes with it at `expires_at`. */
-const SESSION_CLOSED = 4401;
 
 /** Frames read ahead of the one the core is answering, per WebSocket; past it the socket is paused. */
 const WS_READ_AHEAD = 8;
@@ -441,7 +439,7 @@ export async function serve(relay, opts = {}) {
     const a = r ?? busyAnswer();
     if (!('upgrade' in a)) return reject(socket, a.status, a);
     if (socket.destroyed) return undefined;
-    const { token, account, device_id: device, expires_at: expires } = a.upgrade;
+    const { token, account, device_id: device, expires_at: expires, expiry_close: close } = a.upgrade;
     const origin = req.socket.remoteAddress ? peerOf(req.socket.remoteAddress) : null;
     wss.handleUpgrade(req, socket, head, (ws) => {
       /** @type {Conn} */
@@ -449,7 +447,7 @@ export async function serve(relay, opts = {}) {
       metrics.websockets += 1;
       if (!sockets.has(account)) sockets.set(account, new Set());
       sockets.get(account).add(c);
-      const expiry = setTimeout(() => ws.close(SESSION_CLOSED, 'session expired'), Math.max(0, Math.min(expires - Date.now(), 2 ** 31 - 1)));
+      const expiry = setTimeout(() => ws.close(close.code, close.reason), Math.max(0, Math.min(expires - Date.now(), 2 ** 31 - 1)));
       ws.on('error', (e) => log.debug(`websocket closed on a protocol error: ${messageOf(e)}`, { code: /** @type {any} */ (e).code }));
       const alive = () => {
         c.alive = true;

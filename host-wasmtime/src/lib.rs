@@ -645,8 +645,7 @@ pub async fn start_with(
         health,
         log_events: settings.log_format == settings::LogFormat::Json,
         hub: hub::Hub::default(),
-        peers: outbound::Peers::for_attempts(
-            config.attempt_timeout,
+        peers: outbound::Peers::for_relay(
             outbound::Rules::on(&settings.network, settings.allow_private_peers),
             client_tls,
         ),

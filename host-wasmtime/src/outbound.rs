@@ -13,7 +13,7 @@
 //! Key fetches for inbound relay requests are limited by the core's key book; the host only
 //! makes concurrent requests for one relay's key share one GET ([`KeyGets`]).
 
-use crate::guest::{Fetch, HttpRequest, Listener, PeerRequest, Step};
+use crate::guest::{Fetch, HttpRequest, KeyFetch, Listener, PeerRequest, Step};
 use crate::ops::AttemptOutcome;
 use crate::{now_ms, refused_address, App};
 use bytes::Bytes;
@@ -269,7 +269,8 @@ impl Drop for InFlight {
 /// a request that goes away meanwhile does not abandon it.
 ///
 /// Each shard's core keeps its own key book, so the report goes to the shard that asked.
-pub async fn fetch_key(app: &Arc<App>, shard: u32, relay: String, url: String) {
+pub async fn fetch_key(app: &Arc<App>, shard: u32, k: KeyFetch) {
+    let (relay, url, within) = (k.relay, k.url, Duration::from_millis(k.timeout_ms));
     let key = format!("{shard} {relay}");
     let mut done = {
         let mut m = app
@@ -295,7 +296,7 @@ pub async fn fetch_key(app: &Arc<App>, shard: u32, relay: String, url: String) {
                     let fetch = match guard
                         .app
                         .peers
-                        .exchange(hyper::Method::GET, &url, &[], Vec::new())
+                        .exchange_within(hyper::Method::GET, &url, &[], Vec::new(), within)
                         .await
                     {
                         Exchange::Answered(s, body) => {
@@ -357,16 +358,10 @@ impl Peers {
         Peers::build(Rules::OPEN, tls, RESPONSE_TIMEOUT)
     }
 
-    /// A relay's client: exchanges end within the engine's attempt timeout (ms) (the host
-    /// gives up at two thirds of it, so its verdict reaches the core before the core's own
-    /// timer), connections follow `rules`, https trusts `tls`'s roots.
-    pub fn for_attempts(
-        attempt_timeout: u64,
-        rules: Rules,
-        tls: Arc<rustls::ClientConfig>,
-    ) -> Peers {
-        let within = RESPONSE_TIMEOUT.min(Duration::from_millis((attempt_timeout * 2 / 3).max(1)));
-        Peers::build(rules, tls, within)
+    /// A relay's client: connections follow `rules`, https trusts `tls`'s roots, and each
+    /// exchange ends within the time the core gave it.
+    pub fn for_relay(rules: Rules, tls: Arc<rustls::ClientConfig>) -> Peers {
+        Peers::build(rules, tls, RESPONSE_TIMEOUT)
     }
 
     /// A client with the given rules, TLS roots and response timeout.

@@ -381,7 +381,7 @@ async fn serve(
             }
             Step::FetchKey(k) if rounds < KEY_ROUNDS => {
                 rounds += 1;
-                crate::outbound::fetch_key(&app, shard, k.relay, k.url).await;
+                crate::outbound::fetch_key(&app, shard, k).await;
             }
             Step::FetchKey(_) => {
                 return native_response(transport::Response::fail(

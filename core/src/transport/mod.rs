@@ -40,6 +40,13 @@ use keys::{KeyBook, Lookup};
 /// The longest a host waits for a peer's answer, whatever the attempt timeout.
 pub const MAX_EXCHANGE_MS: u64 = 20_000;
 
+/// How long a host waits for a peer's answer (an attempt or a key fetch): two thirds of the
+/// engine's attempt timeout, so the host's verdict reaches the core before the core's own
+/// timer decides, and at most [`MAX_EXCHANGE_MS`].
+pub fn exchange_timeout(attempt_timeout: u64) -> u64 {
+    (attempt_timeout * 2 / 3).clamp(1, MAX_EXCHANGE_MS)
+}
+
 /// What the host must do after a call, beside writing its answer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
@@ -106,6 +113,8 @@ pub enum Step {
         relay: String,
         /// Its `/.well-known/relay`.
         url: String,
+        /// Give up after this many ms (then report [`Fetch::Unknown`]).
+        timeout_ms: u64,
     },
     /// POST `{"account": account}` to `/v1/route.get` on sibling shard `shard` of this relay
     /// (a public request to that shard's engine), report its answer with
@@ -331,6 +340,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     return Step::FetchKey {
                         url: outbound::well_known_url(&source),
                         relay: source.as_str().to_string(),
+                        timeout_ms: exchange_timeout(self.engine.config().attempt_timeout),
                     }
                 }
                 Lookup::None => {
@@ -579,7 +589,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     let h = outbound::sign(
                         &self.key, &c.network, &c.relay, &target, method, &hash, now, &nonce,
                     );
-                    let timeout_ms = (c.attempt_timeout * 2 / 3).clamp(1, MAX_EXCHANGE_MS);
+                    let timeout_ms = exchange_timeout(c.attempt_timeout);
                     Event::Send(PeerRequest {
                         task,
                         attempt,

@@ -181,6 +181,7 @@ fn a_relay_request_fetches_the_key_once_then_authenticates() {
     let fetch = Step::FetchKey {
         relay: A.into(),
         url: format!("{A}/.well-known/relay"),
+        timeout_ms: 20_000,
     };
     assert_eq!(b.handle(&first, T0), fetch);
     // Another request meanwhile waits for the same fetch.
