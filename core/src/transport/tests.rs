@@ -20,6 +20,11 @@ fn relay(id: &str, seed: u8) -> Mem {
 fn sharded(id: &str, seed: u8, shard: crate::engine::shard::Shard) -> Mem {
     let mut config = Config::new(RelayId::parse(id).unwrap(), "dev");
     config.shard = shard;
+    configured(config, seed)
+}
+
+/// A relay of `config` over memory, its entropy a counter from `seed`.
+fn configured(config: Config, seed: u8) -> Mem {
     let mut n = seed as u64;
     let entropy: Counter = Box::new(move |buf: &mut [u8]| {
         for b in buf.iter_mut() {
@@ -404,4 +409,26 @@ fn notifications_and_revocations_become_frames_and_closes() {
             },
         ]
     );
+}
+
+/// Every exchange a host makes for the core (a send, a key fetch) ends within the time the
+/// core names: two thirds of the attempt timeout, so the host's verdict arrives before the
+/// core's own timer decides, never above 20 s, never zero.
+#[test]
+fn the_core_names_the_time_of_every_exchange() {
+    use super::{exchange_timeout, MAX_EXCHANGE_MS};
+    assert_eq!(exchange_timeout(1_500), 1_000);
+    assert_eq!(exchange_timeout(30_000), 20_000);
+    assert_eq!(exchange_timeout(90_000), MAX_EXCHANGE_MS);
+    assert_eq!(exchange_timeout(0), 1);
+    // A key fetch under a short attempt timeout carries that timeout's two thirds.
+    let mut config = Config::new(RelayId::parse(B).unwrap(), "dev");
+    config.attempt_timeout = 1_500;
+    let mut a = relay(A, 1);
+    let request = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    let mut b = configured(config, 2);
+    let Step::FetchKey { timeout_ms, .. } = b.handle(&request, T0) else {
+        panic!("an unknown source's key is fetched")
+    };
+    assert_eq!(timeout_ms, 1_000);
 }
