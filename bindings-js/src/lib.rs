@@ -220,7 +220,7 @@ fn push_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-/// Events as a JSON array: `{"type": "send"|"wake"|"notify"|"close"|"delivery_ended"|"shard_call", ...}`.
+/// Events as a JSON array: `{"type": "send"|"wake"|"notify"|"close"|"accepted"|"delivery_ended"|"shard_call", ...}`.
 fn events_json(events: &[Event], out: &mut Vec<u8>) {
     out.push(b'[');
     for (i, e) in events.iter().enumerate() {
@@ -277,6 +277,19 @@ fn events_json(events: &[Event], out: &mut Vec<u8>) {
                 push_str(out, &format!(",\"code\":{code},\"reason\":"));
                 write_string(reason, out);
                 out.push(b'}');
+            }
+            Event::Accepted(a) => {
+                let (method, status) = (a.method, a.status);
+                push_str(
+                    out,
+                    &format!("{{\"type\":\"accepted\",\"method\":\"{method}\",\"from\":"),
+                );
+                write_string(&a.from, out);
+                push_str(out, ",\"message_id\":");
+                write_string(&a.message_id, out);
+                push_str(out, ",\"to\":");
+                write_string(&a.to, out);
+                push_str(out, &format!(",\"status\":\"{status}\"}}"));
             }
             Event::DeliveryEnded {
                 from,
@@ -725,52 +738,6 @@ impl RelayCore {
     #[wasm_bindgen(js_name = refusedAddress)]
     pub fn refused_address(ip: &str) -> Option<String> {
         relay_core::transport::address::refused_text(ip).map(str::to_string)
-    }
-
-    /// A command line of `host` (`relay-node`, `relay-edge`) read by the definition every
-    /// host shares (relay-settings): JSON `{"serve": settings}`, `{"admin": call}` or
-    /// `{"print": text}`; what cannot be taken throws its message, with the usage.
-    /// `readFile(path)` returns a file's text (the `--config` file, admin.url, admin.token).
-    #[wasm_bindgen(js_name = parseCommand)]
-    pub fn parse_command(
-        host: &str,
-        argv: Vec<String>,
-        read_file: &js_sys::Function,
-        cwd: &str,
-    ) -> Result<String, JsValue> {
-        let host = relay_settings::Host::named(host)
-            .ok_or_else(|| JsValue::from(js_sys::Error::new(&format!("no host {host:?}"))))?;
-        use wasm_bindgen::JsCast;
-        let read = |p: &std::path::Path| {
-            let got = read_file.call1(&JsValue::NULL, &JsValue::from_str(&p.to_string_lossy()));
-            match got {
-                Ok(text) => text.as_string().ok_or_else(|| "not text".to_string()),
-                Err(e) => Err(e
-                    .dyn_ref::<js_sys::Error>()
-                    .map(|e| String::from(e.message()))
-                    .unwrap_or_else(|| format!("{e:?}"))),
-            }
-        };
-        let fail = |e: relay_settings::Error| JsValue::from(js_sys::Error::new(&e.0));
-        let out = match relay_settings::parse(host, argv, read).map_err(fail)? {
-            // Written, not built as a Value: the limits keep the table's order.
-            relay_settings::Parsed::Serve(s) => {
-                let settings =
-                    serde_json::to_string(&*s).map_err(|e| JsValue::from(e.to_string()))?;
-                return Ok(format!("{{\"serve\":{settings}}}"));
-            }
-            relay_settings::Parsed::Print(text) => serde_json::json!({ "print": text }),
-            relay_settings::Parsed::Admin(a) => {
-                let c = a.call(read, std::path::Path::new(cwd)).map_err(fail)?;
-                serde_json::json!({ "admin": {
-                    "method": c.method,
-                    "url": c.url,
-                    "authorization": c.authorization,
-                    "body": String::from_utf8_lossy(&c.body),
-                }})
-            }
-        };
-        Ok(out.to_string())
     }
 
     /// Signs a relay request as this relay would (for tests that play a peer): headers JSON

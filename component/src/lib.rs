@@ -156,6 +156,13 @@ mod guest {
                     code,
                     reason: reason.to_string(),
                 }),
+                Event::Accepted(a) => t::Event::Accepted(t::Acceptance {
+                    method: a.method.to_string(),
+                    from: a.from,
+                    message_id: a.message_id,
+                    to: a.to,
+                    status: a.status.to_string(),
+                }),
                 Event::DeliveryEnded {
                     from,
                     message_id,

@@ -67,7 +67,8 @@
 //!         Event::WakeAt(at) => wake = Some(at),
 //!         // Push the frame to the account's WebSockets; close a revoked device's.
 //!         Event::Notify { .. } | Event::Close { .. } => {}
-//!         Event::DeliveryEnded { .. } => {}
+//!         // For the log: a message accepted, a delivery ended (ids only).
+//!         Event::Accepted(_) | Event::DeliveryEnded { .. } => {}
 //!         // A sharded relay only: hand it to that shard, drop the answer.
 //!         Event::ShardCall { .. } => {}
 //!     }

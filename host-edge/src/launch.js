@@ -28,13 +28,12 @@ const MODULES = [
   ['pkg/relay_wasm_bg.wasm', 'wasm'],
 ];
 
-/** The core's wasm build (this Worker's own), which reads command lines as every host does. */
-let wasm = null;
+/** The command line every host shares (relay-settings, a wasm module the Worker never loads). */
+let settings = null;
 try {
-  wasm = await import('../pkg/relay_wasm.js');
-  wasm.initSync({ module: fs.readFileSync(path.join(ROOT, 'pkg/relay_wasm_bg.wasm')) });
+  settings = await import('../pkg/relay_settings.js');
 } catch {
-  wasm = null;
+  settings = null;
 }
 
 /** `HOST:PORT` (`[v6]:PORT`). @param {string} addr */
@@ -50,8 +49,8 @@ export function parseAddr(addr) {
  * @param {string[]} argv
  */
 export function parseArgs(argv) {
-  if (!wasm) throw new Error(`${path.join(ROOT, 'pkg')} is missing: build it with \`./x serve-edge\` (xtask bindgen-edge)`);
-  const parsed = JSON.parse(wasm.RelayCore.parseCommand('relay-edge', ['serve', ...argv], (f) => fs.readFileSync(f, 'utf8'), process.cwd()));
+  if (!settings) throw new Error(`${path.join(ROOT, 'pkg')} is missing: build it with \`./x serve-edge\` (xtask bindgen-edge)`);
+  const parsed = JSON.parse(settings.parseCommand('relay-edge', ['serve', ...argv], (f) => fs.readFileSync(f, 'utf8'), process.cwd()));
   return parsed.serve ?? parsed;
 }
 

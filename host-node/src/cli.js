@@ -6,16 +6,24 @@ import { createRelay } from './relay.js';
 import { serve, parseAddr } from './server.js';
 import { RelayThread } from './relay-thread.js';
 import { Log, messageOf } from './log.js';
-import { parseCommand } from './core.js';
+import { parseCommand } from '../pkg/relay_settings.js';
 
 /**
+ * What `serve` is given: the settings of `relay serve` (camelCase), the policies as given.
+ * @typedef {{listen: string, adminListen: string, logFormat: 'text' | 'json', url: string | null, data: string | null,
+ *   network: string, policies: Record<string, number>, component: string | null, attemptTimeout: number | null,
+ *   maxInFlightPerDestination: number | null, limits: Record<string, number>, tlsCert: string | null, tlsKey: string | null,
+ *   ca: string[], allowPrivatePeers: boolean, shards: number, probePeers: boolean}} Settings
+ */
+/**
  * A `relay-node` command line, read by the definition every host shares (the relay-settings
- * crate, through the core's wasm build): `{serve: settings}`, `{admin: call}` or `{print: text}`.
+ * crate, in a wasm module of its own): `{serve: settings}`, `{admin: call}` or `{print: text}`.
  * A line that cannot be taken throws, its message naming the flag or key and the usage.
  * @param {string[]} argv
+ * @returns {{serve?: Settings, admin?: {method: string, url: string, authorization: string | null, body: string}, print?: string}}
  */
 export function command(argv) {
-  return parseCommand('relay-node', argv, (file) => fs.readFileSync(file, 'utf8'), process.cwd());
+  return JSON.parse(parseCommand('relay-node', argv, (file) => fs.readFileSync(file, 'utf8'), process.cwd()));
 }
 
 /**

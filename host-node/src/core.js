@@ -85,23 +85,6 @@ export const transportLimits = () => JSON.parse(core().transportLimits());
  * @param {string} ip @returns {string | null}
  */
 export const refusedAddress = (ip) => core().refusedAddress(ip) ?? null;
-/**
- * A command line of `host`, read by the definition every host shares (the relay-settings
- * crate): `{serve: settings}`, `{admin: call}` or `{print: text}`. What cannot be taken
- * throws, naming the flag or key, with the usage. `read(file)` returns a file's text (the
- * `--config` file, admin.url, admin.token).
- * @param {'relay-node' | 'relay-edge'} host @param {string[]} argv
- * @param {(file: string) => string} read @param {string} cwd
- * @returns {{serve?: Settings, admin?: {method: string, url: string, authorization: string | null, body: string}, print?: string}}
- */
-export const parseCommand = (host, argv, read, cwd) => JSON.parse(core().parseCommand(host, argv, read, cwd));
-/**
- * What `serve` is given: the settings of `relay serve` (camelCase), the policies as given.
- * @typedef {{listen: string, adminListen: string, logFormat: 'text' | 'json', url: string | null, data: string | null,
- *   network: string, policies: Record<string, number>, component: string | null, attemptTimeout: number | null,
- *   maxInFlightPerDestination: number | null, limits: Record<string, number>, tlsCert: string | null, tlsKey: string | null,
- *   ca: string[], allowPrivatePeers: boolean, shards: number, probePeers: boolean}} Settings
- */
 /** The answer for a call lost before it committed: 500 internal, nothing was accepted. @returns {Answer} */
 const uncommitted = () => /** @type {Answer} */ (stepOf(core().uncommitted()));
 

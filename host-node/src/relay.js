@@ -53,8 +53,6 @@ function caList(ca) {
   return (Array.isArray(ca) ? ca : [ca]).map((c) => c.toString());
 }
 
-/** The paths whose 200 answer is a DeliveryStatus of an accepted message (logged as `accepted`). */
-const ACCEPTING = new Set(['/v1/message.send', '/relay/v1/message.deliver']);
 const EMPTY = new Uint8Array(0);
 const decoder = new TextDecoder();
 /** An exchange's outcome as the core takes it: the answer's status, -1 never sent, -2 sent without an answer. */
@@ -167,7 +165,6 @@ export class Relay extends EventEmitter {
   #answered(method, r) {
     this.#run(r.effects);
     const body = JSON.parse(decoder.decode(r.body));
-    if (this.log.events && r.status === 200 && (method === 'message.send' || method === 'message.deliver')) this.#accepted(method, body);
     return { status: r.status, body };
   }
 
@@ -194,7 +191,6 @@ export class Relay extends EventEmitter {
       if ('backup' in s) return this.#backup(s.backup);
       if (!('status' in s)) return { ...busyAnswer() };
       this.#run(s.effects);
-      if (this.log.events && s.status === 200 && ACCEPTING.has(req.path)) this.#accepted(req.path.slice(req.path.lastIndexOf('/') + 1), JSON.parse(decoder.decode(s.body)));
       return { status: s.status, headers: s.headers, body: s.body };
     }
   }
@@ -237,11 +233,6 @@ export class Relay extends EventEmitter {
     }
   }
 
-  /** The structured line of an accepted message, from the DeliveryStatus the core answered with. */
-  #accepted(method, s) {
-    this.log.event({ event: 'accepted', method, message_id: s.message_id, from: s.from, to: s.to, status: s.status });
-  }
-
   /** Runs events: deliveries, wake-ups, notifications, session ends. */
   #run(events) {
     for (const e of events ?? []) {
@@ -249,7 +240,9 @@ export class Relay extends EventEmitter {
       else if (e.type === 'wake') this.#schedule(e.at);
       else if (e.type === 'notify') this.emit('notify', { account: e.account, latest_seq: e.latest_seq, frame: e.frame });
       else if (e.type === 'close') this.emit('end_device_sessions', { account: e.account, device_id: e.device_id, code: e.code, reason: e.reason });
-      else if (e.type === 'delivery_ended' && this.log.events) {
+      else if (e.type === 'accepted' && this.log.events) {
+        this.log.event({ event: 'accepted', method: e.method, message_id: e.message_id, from: e.from, to: e.to, status: e.status });
+      } else if (e.type === 'delivery_ended' && this.log.events) {
         this.log.event({ event: 'delivery_ended', message_id: e.message_id, from: e.from, to: e.to, status: e.status, error_code: e.error_code });
       }
     }

@@ -296,6 +296,19 @@ impl App {
                     self.hub
                         .close_device(&c.account, &c.device_id, c.code, &c.reason)
                 }
+                Event::Accepted(a) => {
+                    if self.log_events {
+                        tracing::info!(
+                            target: "relay::event",
+                            event = "accepted",
+                            method = %a.method,
+                            message_id = %a.message_id,
+                            from = %a.from,
+                            to = %a.to,
+                            status = %a.status,
+                        );
+                    }
+                }
                 Event::DeliveryEnded(d) => {
                     if self.log_events {
                         tracing::info!(
@@ -311,23 +324,6 @@ impl App {
                 }
             }
         }
-    }
-
-    /// Logs an accepted message from the DeliveryStatus its call answered (ids only).
-    pub(crate) fn log_accepted(method: &'static str, result: &relay_core::wire::json::Value) {
-        let Some(o) = result.as_object() else {
-            return;
-        };
-        let field = |k: &str| o.get(k).and_then(relay_core::wire::json::Value::as_str);
-        tracing::info!(
-            target: "relay::event",
-            event = "accepted",
-            method,
-            message_id = field("message_id"),
-            from = field("from"),
-            to = field("to"),
-            status = field("status"),
-        );
     }
 }
 

@@ -332,24 +332,20 @@ async fn serve(
         },
         Listener::Admin => None,
     };
-    let (mut sending, mut logged) = (None, None);
-    match (name.as_deref(), &parsed, listener) {
-        (Some("message.send"), Some(p), Listener::Public) if request.path.starts_with("/v1/") => {
-            logged = Some("message.send");
-            if let (Some(pre), Some(t)) = (&app.preverify, bearer(&request)) {
+    let mut sending = None;
+    match (name.as_deref(), &parsed, &app.preverify, listener) {
+        (Some("message.send"), Some(p), Some(pre), Listener::Public)
+            if request.path.starts_with("/v1/") =>
+        {
+            if let Some(t) = bearer(&request) {
                 pre.send(t, p);
                 sending = Some(t.to_string());
             }
         }
-        (Some("message.deliver"), Some(p), Listener::Public) => {
-            logged = Some("message.deliver");
-            if request.path.starts_with("/relay/v1/") {
-                if let Some(pre) = &app.preverify {
-                    if prechecked(&app, &request) {
-                        pre.deliver(p);
-                    }
-                }
-            }
+        (Some("message.deliver"), Some(p), Some(pre), Listener::Public)
+            if request.path.starts_with("/relay/v1/") && prechecked(&app, &request) =>
+        {
+            pre.deliver(p)
         }
         _ => {}
     }
@@ -371,11 +367,6 @@ async fn serve(
         match step {
             Step::Respond(mut r) => {
                 let events = std::mem::take(&mut r.events);
-                if let (Some(m), 200, true) = (logged, r.status, app.log_events) {
-                    if let Ok(v) = json::parse(&r.body) {
-                        App::log_accepted(m, &v);
-                    }
-                }
                 app.dispatch(shard, events);
                 return core_response(r);
             }
@@ -656,14 +647,6 @@ async fn serve_socket(
                 None => break answer,
             }
         };
-        if sending && app.log_events {
-            let result = json::parse(answer.text.as_bytes())
-                .ok()
-                .and_then(|v| v.as_object().and_then(|o| o.get("result")).cloned());
-            if let Some(v) = result {
-                App::log_accepted("message.send", &v);
-            }
-        }
         app.dispatch(shard, answer.events);
         if !out.push(Outgoing::Text(answer.text)) {
             break;

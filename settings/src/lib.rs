@@ -6,7 +6,7 @@
 //! pure: the host hands it argv and a way to read the `--config` file, and gets back the
 //! settings, the admin call to make, or the text to print (help, version, an error). The
 //! wasmtime host links it natively; the Node and edge hosts reach it through the
-//! wasm-bindgen build (`RelayCore.parseCommand`).
+//! wasm-bindgen module of their own (`settings/js/`, `parseCommand`), which no core loads.
 //!
 //! Each host takes the flags that mean something on it ([`Host::takes`]): a TLS flag on
 //! workerd, whose sockets are the platform's, is refused rather than ignored.

@@ -241,7 +241,7 @@ impl World {
                 Effect::EndDeviceSessions { account, device_id } => {
                     self.nodes[n].ended.push((account, device_id))
                 }
-                Effect::DeliveryEnded { .. } => {}
+                Effect::Accepted(_) | Effect::DeliveryEnded { .. } => {}
                 Effect::ShardCall { shard, path, body } => {
                     self.shard_calls.push((n, shard, path, body))
                 }

@@ -379,3 +379,43 @@ fn after_retention_a_logical_key_is_accepted_anew_only_once_its_earlier_delivery
     );
     assert_eq!(w.record_count(b, &bob), 1);
 }
+
+/// The acceptances a call reported, as `(method, from, to, status)`.
+fn acceptances(effects: &[Effect]) -> Vec<(&'static str, String, String, &'static str)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Accepted(a) => Some((a.method, a.from.clone(), a.to.clone(), a.status)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Seed "Idempotent Message Retries": a retry of an accepted message returns the stored
+/// result and is no new acceptance, so a host logs one `accepted` line per message, on the
+/// sending relay (message.send) and on the receiving one (message.deliver).
+#[test]
+fn an_identical_retry_is_not_a_second_acceptance() {
+    let (mut w, _, b, alice, bob) = setup(37);
+    let (from, to) = (
+        alice.key.id().as_str().to_string(),
+        bob.key.id().as_str().to_string(),
+    );
+    let m = w.message(&alice, 0, &bob, "once", &Msg::default());
+    let first = w.send(&alice, 0, &m);
+    assert_eq!(
+        acceptances(&first.effects),
+        [("message.send", from.clone(), to.clone(), "delivering")]
+    );
+    w.now += 5;
+    assert_eq!(acceptances(&w.send(&alice, 0, &m).effects), []);
+    let m2 = w.message(&alice, 0, &bob, "twice", &Msg::default());
+    let p = World::deliver_params(&alice, 0, &m2);
+    let delivered = w.deliver(b, "http://a.test", &p);
+    assert_eq!(
+        acceptances(&delivered.effects),
+        [("message.deliver", from, to, "target_accepted")]
+    );
+    w.now += 1_000;
+    assert_eq!(acceptances(&w.deliver(b, "http://a.test", &p).effects), []);
+}

@@ -1263,7 +1263,7 @@ impl Sim {
                 Effect::EndDeviceSessions { account, device_id } => {
                     self.w.nodes[n].ended.push((account, device_id))
                 }
-                Effect::DeliveryEnded { .. } => {}
+                Effect::Accepted(_) | Effect::DeliveryEnded { .. } => {}
                 Effect::ShardCall { shard, path, body } => shard_calls.push((shard, path, body)),
             }
         }

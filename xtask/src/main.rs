@@ -119,8 +119,26 @@ fn build_bindgen() -> Result<()> {
         .typescript(false);
     b.generate(&out)
         .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
+    build_settings_js(&out)?;
     println!("{}", display(&out));
     build_native(&out)
+}
+
+/// Builds `relay-settings-js` (the command line every host shares) and generates its Node ES
+/// module into `out` (`relay_settings.js`): the launchers load it, the cores never do.
+fn build_settings_js(out: &Path) -> Result<()> {
+    let target = build_wasm("relay-settings-js")?;
+    let input = target.join("wasm32-unknown-unknown/release/relay_settings_js.wasm");
+    let stripped = target.join("wasm32-unknown-unknown/release/relay_settings_js.stripped.wasm");
+    let module = std::fs::read(&input).map_err(|e| format!("{}: {e}", input.display()))?;
+    std::fs::write(&stripped, strip_debug(&module)?).map_err(|e| e.to_string())?;
+    let mut b = wasm_bindgen_cli_support::Bindgen::new();
+    b.input_path(&stripped)
+        .out_name("relay_settings")
+        .nodejs_module(true)
+        .map_err(|e| format!("wasm-bindgen: {e:#}"))?
+        .typescript(true);
+    b.generate(out).map_err(|e| format!("wasm-bindgen: {e:#}"))
 }
 
 /// Builds `relay-wasm` for wasm32-unknown-unknown and writes it without DWARF beside itself;
@@ -151,6 +169,8 @@ fn build_bindgen_edge() -> Result<()> {
         .typescript(true);
     b.generate(&out)
         .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
+    // The launcher (src/launch.js, in Node) reads the command line; the Worker never loads it.
+    build_settings_js(&out)?;
     println!("{}", display(&out));
     Ok(())
 }

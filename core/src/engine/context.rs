@@ -91,6 +91,24 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
         (Ok(value), effects)
     }
 
+    /// Tells the host a message was accepted (ids only, for its log).
+    pub(crate) fn accepted(
+        &mut self,
+        method: &'static str,
+        from: &str,
+        message_id: &str,
+        to: &str,
+        status: super::status::Status,
+    ) {
+        self.effects.push(Effect::Accepted(super::Acceptance {
+            method,
+            from: from.to_string(),
+            message_id: message_id.to_string(),
+            to: to.to_string(),
+            status: status.as_str(),
+        }));
+    }
+
     /// Routes a call to its method.
     pub(crate) fn dispatch(
         &mut self,

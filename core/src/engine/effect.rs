@@ -55,6 +55,8 @@ pub enum Effect {
         /// The revoked device.
         device_id: String,
     },
+    /// A message was accepted for the first time (for the host's log).
+    Accepted(Acceptance),
     /// A delivery this relay was responsible for ended (for the host's log and metrics):
     /// `status` is `target_accepted` or `failed`, `error_code` the failure's code.
     DeliveryEnded {
@@ -93,4 +95,22 @@ pub enum Outcome {
     Unknown,
     /// Known not to have reached the peer (connection refused, name not resolved).
     NotAttempted,
+}
+
+/// A message accepted for the first time, ids only (for the host's log): a `message.send`
+/// this relay took from its account, or a `message.deliver` it received. A retry answered
+/// from the stored result is not a second acceptance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acceptance {
+    /// `message.send` or `message.deliver`.
+    pub method: &'static str,
+    /// The sending account.
+    pub from: String,
+    /// The message's id.
+    pub message_id: String,
+    /// The recipient account.
+    pub to: String,
+    /// The DeliveryStatus answered: `delivering`, `target_accepted`, or `failed` (a
+    /// delivery to an account of this relay can end within the call that accepted it).
+    pub status: &'static str,
 }

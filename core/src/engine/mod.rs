@@ -32,7 +32,7 @@ mod timeline;
 mod txn;
 
 pub use config::{Config, Policies};
-pub use effect::{Effect, Outcome, PeerMethod};
+pub use effect::{Acceptance, Effect, Outcome, PeerMethod};
 pub use storage::{MemoryStore, Storage, StorageError};
 
 use crate::wire::canonical;

@@ -81,6 +81,14 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.peer_is_back(peer.as_str())?;
         let r = self.receive(&inc, &hash)?;
         super::metrics::Counters::bump(&mut self.counts.accepted, "received");
+        let to = inc.envelope.to.as_str();
+        self.accepted(
+            "message.deliver",
+            &from,
+            &id,
+            to,
+            status::Status::TargetAccepted,
+        );
         Ok(status::from_receipt(&from, &id, &r))
     }
 

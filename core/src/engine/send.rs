@@ -276,6 +276,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         rec.target_accepted_at = Some(self.now);
         Counters::bump(&mut self.counts.accepted, "self");
         self.txn.put(send_key, &rec);
+        self.accepted("message.send", from, id, &rec.to, rec.status);
         Ok(status::from_send(from, id, &rec))
     }
 
@@ -365,6 +366,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         Counters::bump(&mut self.counts.accepted, kind);
         self.start_task(&task_id(&from, &id), task_rec, parsed)?;
         let rec: SendRec = self.txn.get(&send_key)?.unwrap_or(rec);
+        self.accepted("message.send", &from, &id, &rec.to, rec.status);
         Ok(status::from_send(&from, &id, &rec))
     }
 

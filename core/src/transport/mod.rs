@@ -74,6 +74,8 @@ pub enum Event {
         /// The close reason.
         reason: &'static str,
     },
+    /// A message was accepted for the first time (for the host's log: ids only).
+    Accepted(crate::engine::Acceptance),
     /// A delivery this relay was responsible for ended (for the host's log and metrics):
     /// `status` is `target_accepted` or `failed`, `error_code` the failure's code.
     DeliveryEnded {
@@ -616,6 +618,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     code: socket::SESSION_CLOSED,
                     reason: socket::REVOKED,
                 },
+                Effect::Accepted(a) => Event::Accepted(a),
                 Effect::DeliveryEnded {
                     from,
                     message_id,

@@ -533,6 +533,15 @@ impl<'a> Sim<'a> {
                 Effect::ShardCall { .. } => {
                     panic!("a relay of one shard handed a call to a sibling shard")
                 }
+                Effect::Accepted(a) => {
+                    AccountId::parse(&a.from).expect("an acceptance names its sender");
+                    AccountId::parse(&a.to).expect("an acceptance names its recipient");
+                    let status = a.status;
+                    assert!(
+                        matches!(status, "delivering" | "target_accepted" | "failed"),
+                        "{status}"
+                    );
+                }
                 Effect::DeliveryEnded {
                     from, to, status, ..
                 } => {

@@ -155,8 +155,32 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace().join("target"))
 }
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, and one the system will not hand out
+/// meanwhile: it is below the range the system picks from for port 0 and for outgoing
+/// connections. A port from that range could be taken by another test's connection
+/// between this check and the relay's bind (a workerd relay lost that race). Successive
+/// calls walk the ports from a start that differs per process, so no two tests here pick
+/// the same one.
 pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let lo = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (first, span) = (
+        lo.saturating_sub(12288).max(1024),
+        12288.min(lo.saturating_sub(1024)),
+    );
+    if span > 0 {
+        let start = std::process::id().wrapping_mul(7919) % span;
+        for _ in 0..256 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = (first + (start + n) % span) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
