@@ -85,6 +85,19 @@ for (const mode of MODES) {
     await a.srv.close();
   });
 
+  test(`a WebSocket is closed with the core's expiry close, 4401 session expired, when its session expires (${mode})`, async () => {
+    const a = await served({ session_ttl: 1500 }, mode);
+    const bob = await registerHttp(a.url);
+    const ws = new WebSocket(`${a.url.replace('http', 'ws')}/v1/ws`, { headers: { authorization: `Bearer ${bob.session}` } });
+    const closed = new Promise((resolve) => ws.on('close', (code, reason) => resolve({ code, reason: reason.toString() })));
+    await new Promise((resolve, reject) => {
+      ws.on('open', resolve);
+      ws.on('error', reject);
+    });
+    assert.deepEqual(await closed, { code: 4401, reason: 'session expired' });
+    await a.srv.close();
+  });
+
   test(`a 4th anonymous call from one address within a minute gets 429 rate_limited with Retry-After; other calls go on (${mode})`, async () => {
     const a = await served({ anonymous_rate: 3 }, mode);
     // account.register and session.open are the address's first two anonymous calls.
