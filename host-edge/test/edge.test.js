@@ -10,7 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import WebSocket from 'ws';
 import { Identity } from '../../host-node/pkg/relay_wasm.js';
-import { NET, post, eventually } from '../../host-node/test/helpers.js';
+import { NET, post, eventually, freePort } from '../../host-node/test/helpers.js';
 import { parseArgs } from '../src/launch.js';
 import workerdPackage from 'workerd';
 
@@ -19,13 +19,6 @@ const BIN = new URL('../bin/relay-edge', import.meta.url).pathname;
 const SHARDED = fs.readFileSync(new URL('../pkg/relay_wasm.js', import.meta.url), 'utf8').includes('static shardOf(');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-const freePort = () =>
-  new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
 
 /**
  * A relay-edge process on `port` over `data`: the process is workerd itself (the script

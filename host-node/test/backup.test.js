@@ -6,24 +6,16 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFile } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import Database from 'better-sqlite3';
 import { Identity } from '../pkg/relay_wasm.js';
-import { NET, post, eventually } from './helpers.js';
+import { NET, post, eventually, freePort } from './helpers.js';
 
 const BIN = new URL('../bin/relay-node.js', import.meta.url).pathname;
 const run = promisify(execFile);
 
-const freePort = () =>
-  new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
 
 function start(port, data) {
   const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data', data];

@@ -49,3 +49,36 @@ export async function eventually(f, ms = 10000) {
     await new Promise((r) => setTimeout(r, 50));
   }
 }
+
+let nextPort = 0;
+/**
+ * A loopback port that is free now, chosen below the kernel's ephemeral range: a port the
+ * kernel hands out for `listen(0)` (as every relay's admin listener binds) could be handed
+ * out again between this probe and the caller's bind. Each test process starts at its own
+ * offset so parallel test files rarely try the same ports.
+ * @returns {Promise<number>}
+ */
+export async function freePort() {
+  const fs = await import('node:fs');
+  const net = await import('node:net');
+  let lo = 32768;
+  try {
+    lo = Number(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]) || lo;
+  } catch {}
+  const span = Math.min(12288, lo - 1024);
+  const first = Math.max(1024, lo - 12288);
+  const bindable = (port) =>
+    new Promise((resolve) => {
+      const s = net.createServer();
+      s.once('error', () => resolve(false));
+      s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
+    });
+  if (span > 0) {
+    const start = (process.pid * 7919) % span;
+    for (let i = 0; i < 256; i++) {
+      const port = first + ((start + nextPort++) % span);
+      if (await bindable(port)) return port;
+    }
+  }
+  throw new Error('no free loopback port below the ephemeral range');
+}

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import WebSocket from 'ws';
 import { createRelay, serve, RelayThread } from '../src/index.js';
 import { Identity } from '../pkg/relay_wasm.js';
-import { NET, post, eventually } from './helpers.js';
+import { NET, post, eventually, freePort } from './helpers.js';
 
 /** The two ways to serve: the relay on the transports' thread, or on a relay thread of its own. */
 const MODES = ['in-process', 'relay thread'];
@@ -11,14 +11,9 @@ const MODES = ['in-process', 'relay thread'];
 /** The calls that reached the relay's core. */
 const coreCalls = async (relay) => (relay instanceof RelayThread ? (await relay.stats()).coreCalls : relay.coreCalls);
 
-/** Starts a served relay on an ephemeral port; its id carries the port, so bind first. */
+/** Starts a served relay on a free port; its id carries the port, so the port is chosen first. */
 async function served(policies = {}, mode = 'in-process') {
-  const probe = await import('node:net').then((net) => new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const port = s.address().port;
-      s.close(() => resolve(port));
-    });
-  }));
+  const probe = await freePort();
   const url = `http://127.0.0.1:${probe}`;
   const opts = { relay: url, policies };
   const relay = mode === 'relay thread' ? await RelayThread.start(opts) : await createRelay(opts);

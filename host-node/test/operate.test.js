@@ -5,23 +5,15 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFile } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import WebSocket from 'ws';
 import { createRelay, serve, RelayThread, SqliteStorage, Log } from '../src/index.js';
 import { Identity } from '../pkg/relay_wasm.js';
-import { NET, post, eventually, register, as } from './helpers.js';
+import { NET, post, eventually, register, as, freePort } from './helpers.js';
 
 const BIN = new URL('../bin/relay-node.js', import.meta.url).pathname;
 
-const freePort = () =>
-  new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
 
 const tmp = (name) => fs.mkdtempSync(path.join(os.tmpdir(), `relay-node-${name}-`));
 

@@ -11,18 +11,13 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { Identity } from '../pkg/relay_wasm.js';
+import { freePort } from './helpers.js';
+
+export { freePort };
 
 const BIN = new URL('../bin/relay-node.js', import.meta.url).pathname;
 
 export const tmp = (name) => fs.mkdtempSync(path.join(os.tmpdir(), `relay-node-${name}-`));
-
-export const freePort = () =>
-  new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 

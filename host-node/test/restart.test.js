@@ -2,21 +2,13 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { Identity } from '../pkg/relay_wasm.js';
-import { NET, post, eventually } from './helpers.js';
+import { NET, post, eventually, freePort } from './helpers.js';
 
 const BIN = new URL('../bin/relay-node.js', import.meta.url).pathname;
 
-const freePort = () =>
-  new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
 
 function start(port, data) {
   return spawn(process.execPath, [BIN, 'serve', '--listen', `127.0.0.1:${port}`, '--data', data, '--policy', 'retry_initial=200', '--policy', 'retry_max=1000'], {

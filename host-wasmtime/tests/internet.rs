@@ -13,6 +13,7 @@ use relay_core::wire::json::{self, Value};
 use relay_host_wasmtime::settings::Settings;
 use relay_host_wasmtime::store::Faults;
 use relay_host_wasmtime::{admin_client, now_ms, Running};
+use relay_tests::live::host::free_port;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,14 +31,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch directory");
     dir
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Sets a policy of protocol.md §7.

@@ -10,11 +10,7 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_have_a_line_per_accepted_message_and_per_ended_delivery_with_ids_only() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = relay_tests::live::host::free_port();
     let url = format!("http://127.0.0.1:{port}");
     let mut relay = Command::new(env!("CARGO_BIN_EXE_relay"))
         .args(["serve", "--memory", "--log-format", "json", "--listen"])

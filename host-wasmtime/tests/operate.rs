@@ -6,6 +6,7 @@ use common::*;
 use relay_core::client::{draft, AccountKey, DeviceKey};
 use relay_core::wire::json::Object;
 use relay_host_wasmtime::{now_ms, Running};
+use relay_tests::live::host::free_port;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -95,14 +96,6 @@ fn stranger(c: &mut Client, relay: &str) -> User {
         relay: relay.to_string(),
         session: String::new(),
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

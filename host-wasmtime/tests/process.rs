@@ -3,17 +3,10 @@
 
 mod common;
 use common::*;
+use relay_tests::live::host::free_port;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn spawn(port: u16, data: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_relay"))
