@@ -377,11 +377,6 @@ fn request_of(
     body: Vec<u8>,
     origin: Option<String>,
 ) -> Request {
-    let mut lines = headers.split('\n');
-    let mut pairs = Vec::new();
-    while let (Some(k), Some(v)) = (lines.next(), lines.next()) {
-        pairs.push((k.to_string(), v.to_string()));
-    }
     Request {
         listener: if admin {
             Listener::Admin
@@ -391,7 +386,7 @@ fn request_of(
         method,
         path,
         query,
-        headers: pairs,
+        headers: relay_core::transport::http::header_lines(headers),
         body,
         origin,
     }

@@ -1,11 +1,12 @@
 // Envelope signatures verified on the transports' thread ahead of the relay thread, as the
-// wasmtime host's HTTP workers do. What is verified, and the memory it is kept in, are
-// relay_core::wire::preverify's (`Memory`, the wasmtime host's too): the native addon holds
-// one memory per relay, which both threads reach by its id.
+// wasmtime host's HTTP workers do. What is answered and verified ahead is
+// relay_core::transport::ahead's, and the memory it is kept in relay_core::wire::preverify's
+// (the wasmtime host's too): the native addon holds one per relay, which both threads reach
+// by its id.
 //
-// The transports' thread verifies a message.send envelope under the device key the core used
-// for that session's previous envelope, or a message.deliver envelope under the certificate it
-// carries, and remembers a success. When the core on the relay thread asks to verify exactly
+// The transports' thread verifies a message.send envelope (over HTTP or a WebSocket) under
+// the device key the core used for that session's previous envelope, or a message.deliver
+// envelope under the certificate it carries, and remembers a success. When the core on the relay thread asks to verify exactly
 // those bytes under that key, the answer comes from the memory, once. The core still picks
 // the key from its own records, and only successes of its own strict verification on those
 // exact bytes are remembered, so a guess (or a forged request) can only cost a miss, never
@@ -41,7 +42,11 @@ export class Preverified {
   }
 }
 
-/** On the transports' thread: verifies requests into the relay's memory. */
+/**
+ * On the transports' thread: the core's rules for a request before the relay thread takes
+ * it (relay_core::transport::ahead, natively): what the core answers without its state is
+ * answered here, and the envelopes it will verify are verified here, into the memory.
+ */
 export class Ahead {
   /** @param {any} native the addon */
   constructor(native) {
@@ -50,14 +55,24 @@ export class Ahead {
     this.id = native.preverifyOpen();
   }
 
+  /** The relay stands: its rules, from the config JSON its core was built from. @param {string} config */
+  open(config) {
+    this.native.aheadOpen(this.id, config);
+  }
+
   /**
-   * Verifies the envelope of a request to `path` ahead of the core, if the memory knows how.
-   * A hint only: the core routes and judges the request itself.
-   * @param {string} path @param {string | null} token @param {Uint8Array} body
+   * An answer to write now, or none: then `sending` is the session of a message.send to name
+   * to the relay thread's verifier.
+   * @param {import('./relay.js').Request} req
+   * @returns {{status?: number | null, headers?: Record<string, string> | null, body?: Uint8Array | null, sending?: string | null}}
    */
-  check(path, token, body) {
-    if (path === '/v1/message.send' && token) this.native.preverifySend(this.id, token, body);
-    else if (path === '/relay/v1/message.deliver') this.native.preverifyDeliver(this.id, body);
+  request(req) {
+    return this.native.aheadRequest(this.id, req.admin, req.method, req.path, req.headers, req.body, Date.now());
+  }
+
+  /** Whether WebSocket text `text` of session `token` is a message.send (verified ahead where it can be). @param {string} token @param {string} text */
+  frame(token, text) {
+    return this.native.aheadFrame(this.id, token, text);
   }
 
   /** Forgets the memory (the relay stopped). */

@@ -40,19 +40,19 @@ function flush() {
 /** The message.send's session, told to the verifier for exactly the span of the core's call. */
 let sending = null;
 
+/** Runs `call`, whose core call is synchronous, with the session known to the verifier for exactly its span. */
+function told(call) {
+  if (preverified) preverified.sending = sending;
+  try {
+    return call();
+  } finally {
+    if (preverified) preverified.sending = null;
+  }
+}
+
 const ops = {
-  handle: async (req) => {
-    // The core runs a call synchronously: the session is known to the verifier for exactly its span.
-    if (preverified) preverified.sending = sending;
-    let answer;
-    try {
-      answer = relay.handle(req);
-    } finally {
-      if (preverified) preverified.sending = null;
-    }
-    return answer;
-  },
-  message: (token, text, origin) => relay.message(token, text, origin),
+  handle: (req) => told(() => relay.handle(req)),
+  message: (token, text, origin) => told(() => relay.message(token, text, origin)),
   stats: () => ({ coreCalls: relay.coreCalls, preverified: preverified?.hits ?? 0 }),
   ready: () => relay.ready(),
   listening: () => relay.listening(),
@@ -81,4 +81,4 @@ parentPort.on('message', async (m) => {
   sending = null;
 });
 
-parentPort.postMessage({ started: { wellKnown: relay.wellKnown(), maxRequestBytes: relay.maxRequestBytes, data: relay.data, adminListen: relay.adminListen } });
+parentPort.postMessage({ started: { config: relay.core.config, wellKnown: relay.wellKnown(), maxRequestBytes: relay.maxRequestBytes, data: relay.data, adminListen: relay.adminListen } });

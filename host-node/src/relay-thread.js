@@ -15,7 +15,7 @@ const WORKER = new URL('./relay-thread-worker.js', import.meta.url);
 export class RelayThread extends EventEmitter {
   /**
    * @param {Worker} worker
-   * @param {{wellKnown: string, maxRequestBytes: number, data: string | null, adminListen: string}} started
+   * @param {{wellKnown: string, maxRequestBytes: number, data: string | null, adminListen: string, config: string}} started
    * @param {Log} [log] this thread's log (the transports')
    * @param {Record<string, unknown>} [serveOptions] `serve`'s options given at start (limits, TLS)
    * @param {Ahead | null} [ahead] envelopes verified here, ahead of the thread (preverify.js)
@@ -64,7 +64,10 @@ export class RelayThread extends EventEmitter {
       worker.once('message', (m) => {
         worker.off('error', early);
         worker.off('exit', early);
-        if (m.started) return resolve(new RelayThread(worker, m.started, mine, serveOptions, ahead));
+        if (m.started) {
+          ahead?.open(m.started.config);
+          return resolve(new RelayThread(worker, m.started, mine, serveOptions, ahead));
+        }
         ahead?.close();
         reject(new Error('the relay thread did not start'));
       });
@@ -72,20 +75,16 @@ export class RelayThread extends EventEmitter {
   }
 
   /**
-   * Same as `Relay.handle`, answered by the thread. The body crosses (moved, not cloned); the
-   * envelope of a client's message.send or a relay's message.deliver may be verified here
-   * first (preverify.js).
+   * Same as `Relay.handle`, answered by the thread, or here when the core's rules need no
+   * state (preverify.js). The body crosses (moved, not cloned); the envelope of a client's
+   * message.send or a relay's message.deliver may be verified here first.
    * @param {import('./relay.js').Request} req
    */
   handle(req) {
+    const ahead = this.ahead?.request(req);
+    if (ahead?.status != null) return Promise.resolve({ status: ahead.status, headers: ahead.headers ?? {}, body: ahead.body ?? new Uint8Array() });
     const body = new Uint8Array(req.body);
-    let sending = null;
-    if (this.ahead && req.method === 'POST' && req.body.length > 0) {
-      const token = /^authorization\nBearer (.*)\n/m.exec(req.headers)?.[1]?.trim() ?? null;
-      this.ahead.check(req.path, token, req.body);
-      if (req.path === '/v1/message.send') sending = token;
-    }
-    return this.#call('handle', [{ ...req, body }], sending, [body.buffer]);
+    return this.#call('handle', [{ ...req, body }], ahead?.sending ?? null, [body.buffer]);
   }
 
   /** The transports listen: the relay on the thread runs its first tick (held until now). */
@@ -93,9 +92,9 @@ export class RelayThread extends EventEmitter {
     return this.#call('listening', []);
   }
 
-  /** Same as `Relay.message`. */
+  /** Same as `Relay.message`; a message.send's envelope may be verified here first. */
   message(token, text, origin = null) {
-    return this.#call('message', [token, text, origin]);
+    return this.#call('message', [token, text, origin], this.ahead?.frame(token, text) ? token : null);
   }
 
   /** Stops the relay on its thread (deliveries in flight finish, the storage closes), then the thread. */

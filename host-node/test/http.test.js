@@ -130,6 +130,46 @@ for (const mode of MODES) {
   });
 }
 
+test("a relay thread answers a session's next envelope sent over a WebSocket from the main thread's verification", async () => {
+  const a = await served({}, 'relay thread');
+  const alice = await registerHttp(a.url);
+  const bob = await registerHttp(a.url);
+  const ws = new WebSocket(`${a.url.replace('http', 'ws')}/v1/ws`, { headers: { authorization: `Bearer ${alice.session}` } });
+  await new Promise((resolve, reject) => {
+    ws.on('open', resolve);
+    ws.on('error', reject);
+  });
+  const answers = new Map();
+  ws.on('message', (d) => {
+    const f = JSON.parse(d.toString());
+    if (f.id) answers.get(f.id)?.(f);
+  });
+  const send = (id, text) =>
+    new Promise((resolve) => {
+      answers.set(id, resolve);
+      ws.send(JSON.stringify({ id, method: 'message.send', params: JSON.parse(alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, text, Date.now(), false)) }));
+    });
+  assert.equal((await send('1', 'one')).result?.status, 'target_accepted');
+  assert.equal((await a.relay.stats()).preverified, 0, "the session's key is not known before its first send");
+  assert.equal((await send('2', 'two')).result?.status, 'target_accepted');
+  assert.equal((await a.relay.stats()).preverified, 1, 'the second envelope was verified on the main thread');
+  ws.close();
+  await a.srv.close();
+});
+
+test('a relay thread is not called for what the core answers without its state: no such endpoint, malformed or oversize bodies', async () => {
+  const a = await served({ max_request_bytes: 1024 }, 'relay thread');
+  const before = await coreCalls(a.relay);
+  const malformed = await fetch(`${a.url}/v1/message.send`, { method: 'POST', body: '{"a":1,"a":2}' });
+  assert.equal(malformed.status, 400);
+  assert.equal((await malformed.json()).error.code, 'invalid_params');
+  const nowhere = await fetch(`${a.url}/v1/no/such`, { method: 'POST', body: '{}' });
+  assert.equal(nowhere.status, 404);
+  assert.equal((await nowhere.json()).error.code, 'not_found');
+  assert.equal(await coreCalls(a.relay), before, 'the relay thread never saw them');
+  await a.srv.close();
+});
+
 test('a relay thread that stops drops the connections of its requests and says it is lost', async () => {
   const a = await served({}, 'relay thread');
   const lost = new Promise((resolve) => a.relay.once('lost', resolve));

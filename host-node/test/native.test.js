@@ -143,8 +143,28 @@ test('pre-verification: an envelope verified ahead of the core has one digest, f
   // The memory: nothing is answered that was not remembered, and a closed memory answers nothing.
   const id = native.preverifyOpen();
   assert.notEqual(native.preverifyOpen(), id, 'each relay has its own memory');
-  native.preverifyDeliver(id, b(params));
   assert.equal(native.preverifyTake(id, key, b('relay-v1:message_envelope\n{}'), Buffer.alloc(64)), false, 'other bytes');
   native.preverifyClose(id);
   assert.equal(native.preverifyTake(id, key, b('relay-v1:message_envelope\n{}'), Buffer.alloc(64)), false);
+});
+
+test("ahead of the relay thread: the core's rules answer what needs no state, and name a message.send's session", () => {
+  const id = native.preverifyOpen();
+  const ask = (path, body, headers = '', admin = false) => native.aheadRequest(id, admin, 'POST', path, headers, Buffer.from(body), Date.now());
+  assert.equal(ask('/v1/message.send', '{').status ?? null, null, 'no rules yet: everything goes to the core');
+  native.aheadOpen(id, JSON.stringify({ relay: 'http://a.example', network: NET, policies: { max_request_bytes: 64 } }));
+  const malformed = ask('/v1/message.send', '{');
+  assert.equal(malformed.status, 400);
+  assert.equal(JSON.parse(Buffer.from(malformed.body).toString()).error.code, 'invalid_params');
+  assert.equal(malformed.headers['content-type'], 'application/json');
+  assert.equal(ask('/v1/no/such', '{}').status, 404);
+  assert.equal(ask('/v1/route.get', ' '.repeat(65)).status, 413);
+  const send = ask('/v1/message.send', '{"envelope":{}}', 'authorization\nBearer tok\n');
+  assert.equal(send.status ?? null, null, 'to the core');
+  assert.equal(send.sending, 'tok');
+  assert.equal(ask('/v1/message.send', '{"envelope":{}}').sending ?? null, null, 'anonymous: no session');
+  assert.equal(native.aheadFrame(id, 'tok', '{"id":"1","method":"message.send","params":{}}'), true);
+  assert.equal(native.aheadFrame(id, 'tok', '{"id":"1","method":"message.timeline.sync","params":{}}'), false);
+  native.preverifyClose(id);
+  assert.equal(ask('/v1/message.send', '{').status ?? null, null, 'closed: no rules');
 });

@@ -24,6 +24,23 @@ use wit::relay;
 use wit::relay::core::host;
 use wit::Core as CoreWorld;
 
+impl From<relay_core::transport::Request> for HttpRequest {
+    fn from(r: relay_core::transport::Request) -> HttpRequest {
+        HttpRequest {
+            listener: match r.listener {
+                relay_core::transport::Listener::Public => Listener::Public,
+                relay_core::transport::Listener::Admin => Listener::Admin,
+            },
+            method: r.method,
+            path: r.path,
+            query: r.query,
+            headers: r.headers,
+            body: r.body,
+            origin: r.origin,
+        }
+    }
+}
+
 /// Fuel for one call of a metered engine: far above any legitimate operation.
 const FUEL_PER_CALL: u64 = 20_000_000_000;
 /// Linear memory the guest may grow to.

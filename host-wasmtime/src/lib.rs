@@ -169,11 +169,6 @@ pub struct App {
     /// The relay's cores, one per shard (`--shards`, one by default): the core placement
     /// picks serves a request, and each core's events are executed for that core.
     pub shards: Vec<ShardCore>,
-    pub relay: RelayId,
-    pub network: String,
-    /// The engine's clock tolerance (ms): the native precheck of a relay request's headers
-    /// before its envelope is pre-verified uses it as the core does.
-    pub clock_tolerance: u64,
     pub max_request_bytes: usize,
     /// The transports' limits.
     pub limits: settings::Limits,
@@ -190,8 +185,9 @@ pub struct App {
     peers: outbound::Peers,
     /// Calls that entered the core (for tests that prove a request never reached it).
     pub core_calls: std::sync::atomic::AtomicU64,
-    /// Envelope signatures verified on the HTTP workers (`None` with `RELAY_PREVERIFY=0`).
-    pub preverify: Option<Arc<Preverify>>,
+    /// What the HTTP workers do before the core's thread: the core's answers that need no
+    /// state, and envelopes verified ahead (no memory with `RELAY_PREVERIFY=0`).
+    pub ahead: relay_core::transport::ahead::Ahead,
 }
 
 impl App {
@@ -630,9 +626,6 @@ pub async fn start_with(
 
     let app = Arc::new(App {
         shards,
-        relay: relay.clone(),
-        network: settings.network.clone(),
-        clock_tolerance: config.policies.clock_tolerance,
         max_request_bytes: settings.policies.max_request_bytes as usize,
         limits: settings.limits,
         pending: Arc::new(AtomicUsize::new(0)),
@@ -646,7 +639,7 @@ pub async fn start_with(
             client_tls,
         ),
         core_calls: std::sync::atomic::AtomicU64::new(0),
-        preverify: pre,
+        ahead: relay_core::transport::ahead::Ahead::new(&config, pre),
     });
     // Each core's first tick runs at once: its events end with that core's next wake-up.
     for (index, wake_rx) in timers.into_iter().enumerate() {

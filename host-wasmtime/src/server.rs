@@ -16,9 +16,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use http_body_util::BodyExt;
+use relay_core::transport::ahead::Verdict;
 use relay_core::transport::{self, socket};
 use relay_core::wire::canonical;
-use relay_core::wire::json::{self, Object, Value};
+use relay_core::wire::json::{Object, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -246,11 +247,6 @@ fn core_headers(headers: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-fn bearer(req: &HttpRequest) -> Option<&str> {
-    let (_, v) = req.headers.iter().find(|(k, _)| k == "authorization")?;
-    v.strip_prefix("Bearer ").map(str::trim)
-}
-
 async fn public(
     State(app): State<Arc<App>>,
     ConnectInfo(PeerAddr(peer)): ConnectInfo<PeerAddr>,
@@ -265,21 +261,6 @@ async fn admin(
     req: axum::extract::Request,
 ) -> Response {
     serve(app, Listener::Admin, peer, req).await
-}
-
-/// A POST to `{prefix}{method}` as the core routes it: the method's name, when the path is
-/// one the core would parse the body of.
-fn routed<'a>(method: &str, path: &'a str, listener: Listener) -> Option<&'a str> {
-    if method != "POST" {
-        return None;
-    }
-    let name = match listener {
-        Listener::Public => path
-            .strip_prefix("/v1/")
-            .or_else(|| path.strip_prefix("/relay/v1/")),
-        Listener::Admin => path.strip_prefix("/admin/v1/"),
-    }?;
-    (!name.is_empty() && !name.contains('/')).then_some(name)
 }
 
 /// Reads one request whole and hands it to the core; executes what the core asks for.
@@ -306,23 +287,24 @@ async fn serve(
         Ok(b) => b,
         Err(r) => return r,
     };
-    // The core's own strict parser, linked natively, on the bodies the core would parse:
-    // garbage never costs a trip into the guest, and the verdict is the one the guest would
-    // give. The parse also feeds the envelope pre-verification.
-    let name = routed(&method, &path, listener).map(str::to_string);
-    let parsed = match name.as_ref().map(|_| json::parse_object(&body)) {
-        Some(Ok(p)) => Some(p),
-        Some(Err(e)) => return native_response(transport::Response::error(&e.into())),
-        None => None,
-    };
-    let request = HttpRequest {
-        listener,
+    let request = transport::Request {
+        listener: match listener {
+            Listener::Public => transport::Listener::Public,
+            Listener::Admin => transport::Listener::Admin,
+        },
         method,
         query: parts.uri.query().unwrap_or("").to_string(),
         headers: core_headers(&parts.headers),
         body,
         origin: origin(peer),
         path,
+    };
+    // The core's rules for a request on this thread (`transport::ahead`), natively: what it
+    // would answer without its state is answered here, and an envelope it will verify may
+    // be verified here, in parallel with the core's thread.
+    let sending = match app.ahead.request(&request, now_ms()) {
+        Verdict::Answer(r) => return native_response(r),
+        Verdict::Core { sending } => sending,
     };
     // The operator's listener is not subject to the busy admission (as before).
     let slot = match listener {
@@ -332,23 +314,7 @@ async fn serve(
         },
         Listener::Admin => None,
     };
-    let mut sending = None;
-    match (name.as_deref(), &parsed, &app.preverify, listener) {
-        (Some("message.send"), Some(p), Some(pre), Listener::Public)
-            if request.path.starts_with("/v1/") =>
-        {
-            if let Some(t) = bearer(&request) {
-                pre.send(t, p);
-                sending = Some(t.to_string());
-            }
-        }
-        (Some("message.deliver"), Some(p), Some(pre), Listener::Public)
-            if request.path.starts_with("/relay/v1/") && prechecked(&app, &request) =>
-        {
-            pre.deliver(p)
-        }
-        _ => {}
-    }
+    let request = HttpRequest::from(request);
     let shard = app.shard_of(&request);
     let request = Arc::new(request);
     let (mut rounds, mut route_rounds) = (0, 0);
@@ -434,38 +400,6 @@ async fn sibling_route(app: &Arc<App>, shard: u32, w: RouteWanted) {
             Some(())
         })
         .await;
-}
-
-/// Whether a relay request's headers pass the core's cheap checks (to, method, clock),
-/// natively: only then is its envelope verified ahead of the core thread.
-fn prechecked(app: &App, req: &HttpRequest) -> bool {
-    use relay_core::wire::relay_request::{precheck, RelayHeaders};
-    let get = |n: &str| {
-        req.headers
-            .iter()
-            .find(|(k, _)| k == n)
-            .map(|(_, v)| v.clone())
-    };
-    let headers = (|| {
-        Some(RelayHeaders {
-            relay_id: get("relay-id")?,
-            timestamp: get("relay-timestamp")?,
-            nonce: get("relay-nonce")?,
-            signature: get("relay-signature")?,
-        })
-    })();
-    headers.is_some_and(|h| {
-        precheck(
-            &h,
-            &app.network,
-            &app.relay,
-            "message.deliver",
-            &req.body,
-            now_ms(),
-            app.clock_tolerance,
-        )
-        .is_ok()
-    })
 }
 
 /// `POST /admin/v1/backup {"path": FILE}` as the core accepted it: a consistent copy of the
@@ -614,19 +548,8 @@ async fn serve_socket(
             }
             continue;
         };
-        // The frame is parsed natively only for the host's own hints: the envelope
-        // pre-verification and the accepted-message log line. The core parses it again.
-        let mut sending = false;
-        if app.preverify.is_some() || app.log_events {
-            if let Ok(f) = relay_core::wire::frame::parse(text.as_bytes()) {
-                if f.method == "message.send" {
-                    sending = true;
-                    if let Some(pre) = &app.preverify {
-                        pre.send(&info.token, &f.params);
-                    }
-                }
-            }
-        }
+        // A message.send's envelope may be verified here, ahead of the core's thread.
+        let sending = app.ahead.frame(&info.token, &text);
         let mut route_rounds = 0;
         let answer = loop {
             let (token, o, t) = (info.token.clone(), origin.clone(), text.clone());

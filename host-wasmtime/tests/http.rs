@@ -24,7 +24,7 @@ async fn two_wasmtime_relays_deliver_a_message_between_accounts_over_http() {
     assert_eq!(status_of(&done), "target_accepted", "{done:?}");
     assert_eq!(c.texts(&bob).await, vec!["hello over http"]);
     // The receiving relay's worker verified the envelope under the certificate it came with.
-    let pre = b.app.preverify.clone().expect("on by default");
+    let pre = b.app.ahead.memory().cloned().expect("on by default");
     assert_eq!(pre.hits.load(Ordering::Relaxed), 1);
     a.stop().await;
     b.stop().await;
@@ -49,8 +49,9 @@ async fn envelopes_verified_on_the_workers_are_accepted_and_a_bad_signature_is_s
     let a = relay(|_| {}).await;
     let pre = a
         .app
-        .preverify
-        .clone()
+        .ahead
+        .memory()
+        .cloned()
         .expect("pre-verification is on by default");
     let mut c = Client::new(7);
     let alice = c.register(&a.url, true).await;

@@ -74,6 +74,17 @@ impl Default for Policies {
 }
 
 impl Policies {
+    /// Why a request body of `len` bytes is refused before it is parsed, if it is.
+    pub fn too_large(&self, len: usize) -> Option<crate::Error> {
+        let limit = self.max_request_bytes;
+        (len as u64 > limit).then(|| {
+            crate::Error::new(
+                crate::ErrorCode::PayloadTooLarge,
+                format!("request body of {len} bytes exceeds max_request_bytes {limit}"),
+            )
+        })
+    }
+
     /// Sets one policy by its protocol name (`--policy NAME=VALUE`).
     pub fn set(&mut self, name: &str, value: u64) -> Result<(), String> {
         let slot = match name {

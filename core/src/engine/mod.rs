@@ -344,13 +344,7 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
     /// The `payload_too_large` error for a body of `len` bytes over `max_request_bytes`
     /// (checked before any parse), or nothing when it fits.
     pub fn too_large(&self, len: usize) -> Option<Error> {
-        let limit = self.config.policies.max_request_bytes;
-        (len as u64 > limit).then(|| {
-            Error::new(
-                ErrorCode::PayloadTooLarge,
-                format!("request body of {len} bytes exceeds max_request_bytes {limit}"),
-            )
-        })
+        self.config.policies.too_large(len)
     }
 
     fn call_with(

@@ -4,7 +4,7 @@
 //! method and target, the headers in [`HEADERS`], the body and the peer's address. The
 //! answer's status, headers and body are final: the host writes them as they are.
 
-use super::Event;
+use super::{Door, Event};
 use crate::engine::error_body;
 use crate::wire::canonical;
 use crate::wire::json::{self, Value};
@@ -63,6 +63,45 @@ impl Request {
             .map(str::trim)
     }
 
+    /// The four relay authentication headers, when all are present.
+    pub fn relay_headers(&self) -> Option<crate::wire::relay_request::RelayHeaders> {
+        Some(crate::wire::relay_request::RelayHeaders {
+            relay_id: self.header("relay-id")?.to_string(),
+            timestamp: self.header("relay-timestamp")?.to_string(),
+            nonce: self.header("relay-nonce")?.to_string(),
+            signature: self.header("relay-signature")?.to_string(),
+        })
+    }
+
+    /// Where the core routes this request: the one routing table every caller of it reads.
+    pub fn route(&self) -> Route<'_> {
+        let path = self.path.as_str();
+        let post = self.method == "POST";
+        let call = match self.listener {
+            Listener::Public => {
+                if let Some(m) = path.strip_prefix("/v1/").filter(|_| post) {
+                    Some((Door::Client, m))
+                } else if let Some(m) = path.strip_prefix("/relay/v1/").filter(|_| post) {
+                    Some((Door::Relay, m))
+                } else if self.method == "GET" && path == "/.well-known/relay" {
+                    return Route::WellKnown;
+                } else if self.method == "GET" && path == "/v1/ws" {
+                    return Route::Upgrade;
+                } else {
+                    None
+                }
+            }
+            Listener::Admin => path
+                .strip_prefix("/admin/v1/")
+                .filter(|_| post)
+                .map(|m| (Door::Operator, m)),
+        };
+        match call.filter(|(_, m)| !m.is_empty() && !m.contains('/')) {
+            Some((door, name)) => Route::Call(door, name),
+            None => Route::NotFound,
+        }
+    }
+
     /// The value of query parameter `name`, if present (no percent-decoding: tokens are base64url).
     pub fn query_param(&self, name: &str) -> Option<&str> {
         self.query.split('&').find_map(|kv| {
@@ -70,6 +109,29 @@ impl Request {
             (k == name).then_some(v)
         })
     }
+}
+
+/// Headers as the JS hosts pass them across a boundary: `name\nvalue\n` per header.
+pub fn header_lines(text: &str) -> Vec<(String, String)> {
+    let mut lines = text.split('\n');
+    let mut pairs = Vec::new();
+    while let (Some(k), Some(v)) = (lines.next(), lines.next()) {
+        pairs.push((k.to_string(), v.to_string()));
+    }
+    pairs
+}
+
+/// Where a request goes, by its listener, method and path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route<'a> {
+    /// `GET /.well-known/relay`.
+    WellKnown,
+    /// `GET /v1/ws`: a WebSocket upgrade.
+    Upgrade,
+    /// A POST of method `name` through `door`; the body is the call's params.
+    Call(Door, &'a str),
+    /// Nothing is served there.
+    NotFound,
 }
 
 /// The answer to write.

@@ -12,6 +12,7 @@
 //! GETs the URL, reports it with [`Relay::key_fetched`], and submits the request again.
 
 pub mod address;
+pub mod ahead;
 pub mod http;
 pub mod keys;
 pub mod limits;
@@ -20,7 +21,7 @@ pub mod outbound;
 pub mod placement;
 pub mod socket;
 
-pub use http::{Listener, Request, Response};
+pub use http::{Listener, Request, Response, Route};
 pub use method::{Door, Method};
 pub use outbound::{Fetch, PeerRequest};
 pub use socket::{Answer, Upgrade};
@@ -32,7 +33,7 @@ use crate::wire::digest;
 use crate::wire::frame;
 use crate::wire::identity::RelayId;
 use crate::wire::json::{self, Object, Value};
-use crate::wire::relay_request::{self, RelayHeaders};
+use crate::wire::relay_request;
 use crate::{Error, ErrorCode};
 use ed25519_dalek::SigningKey;
 use keys::{KeyBook, Lookup};
@@ -200,29 +201,15 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
 
     /// Handles one request read whole.
     pub fn handle(&mut self, req: &Request, now: u64) -> Step {
-        let path = req.path.as_str();
-        let post = req.method == "POST";
-        let routed = match req.listener {
-            Listener::Public => {
-                if let Some(m) = path.strip_prefix("/v1/").filter(|_| post) {
-                    Some((Door::Client, m))
-                } else if let Some(m) = path.strip_prefix("/relay/v1/").filter(|_| post) {
-                    Some((Door::Relay, m))
-                } else if req.method == "GET" && path == "/.well-known/relay" {
-                    return Step::Respond(Response::json(200, self.well_known(), Vec::new()));
-                } else if req.method == "GET" && path == "/v1/ws" {
-                    return self.upgrade(req, now);
-                } else {
-                    None
-                }
+        let (door, name) = match req.route() {
+            Route::Call(door, name) => (door, name),
+            Route::WellKnown => {
+                return Step::Respond(Response::json(200, self.well_known(), Vec::new()))
             }
-            Listener::Admin => path
-                .strip_prefix("/admin/v1/")
-                .filter(|_| post)
-                .map(|m| (Door::Operator, m)),
-        };
-        let Some((door, name)) = routed.filter(|(_, m)| !m.is_empty() && !m.contains('/')) else {
-            return Step::Respond(Response::fail(ErrorCode::NotFound, "no such endpoint"));
+            Route::Upgrade => return self.upgrade(req, now),
+            Route::NotFound => {
+                return Step::Respond(Response::fail(ErrorCode::NotFound, "no such endpoint"))
+            }
         };
         // The body is judged by the strict parser before anything else looks at the call,
         // within the size limit first; the call then takes the parsed params (parsed once).
@@ -286,14 +273,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             Ok(m) => m,
             Err(e) => return Step::Respond(Response::error(&e)),
         };
-        let headers = (|| {
-            Some(RelayHeaders {
-                relay_id: req.header("relay-id")?.to_string(),
-                timestamp: req.header("relay-timestamp")?.to_string(),
-                nonce: req.header("relay-nonce")?.to_string(),
-                signature: req.header("relay-signature")?.to_string(),
-            })
-        })();
+        let headers = req.relay_headers();
         let Some(headers) = headers else {
             return Step::Respond(Response::fail(
                 ErrorCode::Unauthenticated,

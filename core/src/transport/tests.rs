@@ -432,3 +432,151 @@ fn the_core_names_the_time_of_every_exchange() {
     };
     assert_eq!(timeout_ms, 1_000);
 }
+
+/// `Ahead` on a relay of `config`, and that relay.
+fn ahead_of(
+    config: Config,
+    memory: Option<std::sync::Arc<crate::wire::preverify::Memory>>,
+) -> (ahead::Ahead, Mem) {
+    (ahead::Ahead::new(&config, memory), configured(config, 1))
+}
+
+#[test]
+fn ahead_answers_only_what_the_core_answers_without_its_state_and_exactly_as_it_does() {
+    let mut config = Config::new(RelayId::parse(A).unwrap(), "dev");
+    config.policies.max_request_bytes = 64;
+    let (ahead, mut a) = ahead_of(config, None);
+    let mut answered = vec![
+        req(Listener::Public, "POST", "/v1/no/such", b"{}"),
+        req(Listener::Public, "GET", "/v1/message.send", b""),
+        req(Listener::Public, "POST", "/v1/", b"{}"),
+        req(Listener::Admin, "POST", "/v1/route.get", ROUTE_GET),
+        req(Listener::Public, "POST", "/v1/route.get", &[b' '; 65]),
+        req(Listener::Public, "POST", "/v1/message.send", b"{"),
+        req(
+            Listener::Public,
+            "POST",
+            "/relay/v1/message.deliver",
+            b"{\"a\":1,\"a\":2}",
+        ),
+        req(Listener::Admin, "POST", "/admin/v1/status", b"[]"),
+    ];
+    for r in answered.drain(..) {
+        let ahead::Verdict::Answer(early) = ahead.request(&r, T0) else {
+            panic!("{} {} is answered ahead", r.method, r.path)
+        };
+        assert_eq!(early, respond(a.handle(&r, T0)), "{} {}", r.method, r.path);
+    }
+    // What needs the core's state goes on to it, and nothing is verified without a memory.
+    for r in [
+        req(Listener::Public, "POST", "/v1/route.get", ROUTE_GET),
+        req(Listener::Public, "GET", "/.well-known/relay", b""),
+        req(Listener::Public, "GET", "/v1/ws", b""),
+        req(Listener::Admin, "POST", "/admin/v1/status", b"{}"),
+    ] {
+        assert_eq!(
+            ahead.request(&r, T0),
+            ahead::Verdict::Core { sending: None },
+            "{}",
+            r.path
+        );
+    }
+}
+
+#[cfg(feature = "client")]
+#[test]
+fn ahead_verifies_a_deliver_only_when_its_headers_pass_the_cores_cheap_checks() {
+    use crate::client::draft;
+    use crate::wire::preverify::Memory;
+    let memory = std::sync::Arc::new(Memory::default());
+    let (ahead, _) = ahead_of(
+        Config::new(RelayId::parse(A).unwrap(), "dev"),
+        Some(memory.clone()),
+    );
+    let mut b = relay(B, 2);
+    let (alice, _, phone, env) = draft::signed_test_envelope(Object::new(), 1);
+    let mut params = Object::new();
+    params.insert("envelope", Value::Object(env));
+    params.insert(
+        "device_certificate",
+        Value::Object(draft::certificate("dev", &alice, &phone, &["send"], 1).sign(&alice)),
+    );
+    let body = canonical::to_vec(&Value::Object(params));
+    let to_a = relay_request(&mut b, A, PeerMethod::Deliver, &body, T0);
+    // Stale, or without its signature: the core refuses it unverified, and so is it here.
+    let stale = T0 + 600_000;
+    assert_eq!(
+        ahead.request(&to_a, stale),
+        ahead::Verdict::Core { sending: None }
+    );
+    let mut unsigned = to_a.clone();
+    unsigned.headers.retain(|(k, _)| k != "relay-signature");
+    ahead.request(&unsigned, T0);
+    assert_eq!(memory.waiting(), 0);
+    assert_eq!(
+        ahead.request(&to_a, T0),
+        ahead::Verdict::Core { sending: None }
+    );
+    assert_eq!(memory.waiting(), 1, "verified ahead");
+}
+
+#[cfg(feature = "client")]
+#[test]
+fn ahead_verifies_a_send_under_the_sessions_learned_key_and_names_the_session() {
+    use crate::client::draft;
+    use crate::client::keys::Signer;
+    use crate::wire::envelope::MessageEnvelope;
+    use crate::wire::preverify::Memory;
+    use crate::wire::signature::SignedObject;
+    let memory = std::sync::Arc::new(Memory::default());
+    let (ahead, _) = ahead_of(
+        Config::new(RelayId::parse(A).unwrap(), "dev"),
+        Some(memory.clone()),
+    );
+    let (_, _, phone, env) = draft::signed_test_envelope(Object::new(), 1);
+    let mut params = Object::new();
+    params.insert("envelope", Value::Object(env.clone()));
+    let body = canonical::to_vec(&Value::Object(params));
+    let mut send = req(Listener::Public, "POST", "/v1/message.send", &body);
+    let named = ahead::Verdict::Core {
+        sending: Some("tok".into()),
+    };
+    // Anonymous: no session to name, nothing to verify under.
+    assert_eq!(
+        ahead.request(&send, T0),
+        ahead::Verdict::Core { sending: None }
+    );
+    send.headers
+        .push(("authorization".into(), "Bearer tok".into()));
+    // The session's key is not known yet: named (so the core's verification teaches it), unverified.
+    assert_eq!(ahead.request(&send, T0), named);
+    assert_eq!(memory.waiting(), 0);
+    let input = MessageEnvelope::parse(env).unwrap().signing_input();
+    memory.learn("tok", &phone.public_key(), &input);
+    assert_eq!(ahead.request(&send, T0), named);
+    assert_eq!(memory.waiting(), 1, "verified ahead");
+    // The same over a WebSocket: a message.send frame of the session (a fresh memory, as one
+    // success of these exact bytes is remembered once).
+    let memory = std::sync::Arc::new(Memory::default());
+    let (ahead, _) = ahead_of(
+        Config::new(RelayId::parse(A).unwrap(), "dev"),
+        Some(memory.clone()),
+    );
+    memory.learn("tok", &phone.public_key(), &input);
+    let frame = format!(
+        "{{\"id\":\"1\",\"method\":\"message.send\",\"params\":{}}}",
+        String::from_utf8(body).unwrap()
+    );
+    assert!(
+        ahead.frame("other", &frame),
+        "a send, under a session whose key is not known"
+    );
+    assert_eq!(memory.waiting(), 0);
+    assert!(ahead.frame("tok", &frame));
+    assert_eq!(memory.waiting(), 1);
+    assert!(!ahead.frame(
+        "tok",
+        "{\"id\":\"2\",\"method\":\"message.timeline.sync\",\"params\":{}}"
+    ));
+    assert!(!ahead.frame("tok", "not json"));
+}

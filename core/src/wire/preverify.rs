@@ -13,7 +13,8 @@
 //! those exact bytes are remembered, and the core still picks the key from its
 //! own records, so the verdict is the one it would compute: what the host
 //! thread guessed only decides whether work is skipped, never what is accepted.
-//! This module is the one definition of what is verified and remembered, and
+//! This module is the one definition of what is verified and remembered (which requests
+//! are seen ahead is `transport::ahead`'s), and
 //! [`Memory`] the one memory both hosts keep it in.
 
 use super::certificate::DeviceCertificate;

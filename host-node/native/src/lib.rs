@@ -6,8 +6,12 @@
 //! verdict here is the verdict the core would reach in wasm, only faster. It also
 //! holds the relays' pre-verification memories (`relay_core::wire::preverify`).
 
-use napi::bindgen_prelude::Uint8ArraySlice;
+use napi::bindgen_prelude::{Buffer, Uint8ArraySlice};
 use napi_derive::napi;
+use relay_core::engine::Config;
+use relay_core::transport::ahead::{Ahead, Verdict};
+use relay_core::transport::http::header_lines;
+use relay_core::transport::{Listener, Request};
 use relay_core::wire::digest::sha256_own;
 use relay_core::wire::preverify::Memory;
 use relay_core::wire::signature::{code, verify_own_slices};
@@ -55,30 +59,106 @@ pub fn preverify_open() -> u32 {
     id
 }
 
-/// Forgets memory `id` (its relay stopped).
+/// Forgets memory `id` and its rules (its relay stopped).
 #[napi(js_name = "preverifyClose")]
 pub fn preverify_close(id: u32) {
     if let Ok(mut m) = MEMORIES.lock() {
         m.remove(&id);
     }
-}
-
-/// On the transports' thread: verifies the envelope of message.send `params` (JSON text)
-/// under the device key memory `id` knows for session `token`, and remembers a success.
-#[napi(js_name = "preverifySend")]
-pub fn preverify_send(id: u32, token: String, params: &[u8]) {
-    if let (Some(m), Ok(params)) = (memory(id), relay_core::wire::json::parse_object(params)) {
-        m.send(&token, &params);
+    if let Ok(mut a) = AHEADS.lock() {
+        a.remove(&id);
     }
 }
 
-/// On the transports' thread: verifies the envelope of message.deliver `params` (JSON text)
-/// under the key of the device certificate they carry, and remembers a success.
-#[napi(js_name = "preverifyDeliver")]
-pub fn preverify_deliver(id: u32, params: &[u8]) {
-    if let (Some(m), Ok(params)) = (memory(id), relay_core::wire::json::parse_object(params)) {
-        m.deliver(&params);
+/// The transports' thread's [`Ahead`] of each relay, by its memory's id (`aheadOpen`).
+static AHEADS: LazyLock<Mutex<HashMap<u32, Arc<Ahead>>>> = LazyLock::new(Default::default);
+
+/// On the transports' thread, once the relay stands: the rules of the relay built from
+/// `config` (its config JSON), verifying into memory `id`.
+#[napi(js_name = "aheadOpen")]
+pub fn ahead_open(id: u32, config: String) -> napi::Result<()> {
+    let config = Config::from_json(config.as_bytes()).map_err(napi::Error::from_reason)?;
+    let ahead = Arc::new(Ahead::new(&config, memory(id)));
+    if let Ok(mut a) = AHEADS.lock() {
+        a.insert(id, ahead);
     }
+    Ok(())
+}
+
+/// What `aheadRequest` made of a request: an answer to write (`status`, `headers`, `body`),
+/// or none, and then the session of a `message.send` to name to the core's verifier.
+#[napi(object)]
+pub struct AheadVerdict {
+    /// The answer's status, when it is answered here.
+    pub status: Option<u32>,
+    /// The answer's headers.
+    pub headers: Option<HashMap<String, String>>,
+    /// The answer's body.
+    pub body: Option<Buffer>,
+    /// The session token of a `message.send` going to the core.
+    pub sending: Option<String>,
+}
+
+/// On the transports' thread: `relay_core::transport::ahead` on a request as the core takes
+/// it (`headers` is `name\nvalue\n` per header), for relay `id`.
+#[napi(js_name = "aheadRequest")]
+#[allow(clippy::too_many_arguments)]
+pub fn ahead_request(
+    id: u32,
+    admin: bool,
+    method: String,
+    path: String,
+    headers: String,
+    body: &[u8],
+    now: f64,
+) -> AheadVerdict {
+    let go = |sending| AheadVerdict {
+        status: None,
+        headers: None,
+        body: None,
+        sending,
+    };
+    let Some(ahead) = AHEADS.lock().ok().and_then(|a| a.get(&id).cloned()) else {
+        return go(None);
+    };
+    let req = Request {
+        listener: if admin {
+            Listener::Admin
+        } else {
+            Listener::Public
+        },
+        method,
+        path,
+        query: String::new(),
+        headers: header_lines(&headers),
+        body: body.to_vec(),
+        origin: None,
+    };
+    match ahead.request(&req, now as u64) {
+        Verdict::Answer(r) => AheadVerdict {
+            status: Some(u32::from(r.status)),
+            headers: Some(
+                r.headers
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
+            ),
+            body: Some(r.body.into()),
+            sending: None,
+        },
+        Verdict::Core { sending } => go(sending),
+    }
+}
+
+/// On the transports' thread: whether WebSocket text `text` of session `token` is a
+/// `message.send` (its envelope verified ahead where the memory knows the session's key).
+#[napi(js_name = "aheadFrame")]
+pub fn ahead_frame(id: u32, token: String, text: String) -> bool {
+    AHEADS
+        .lock()
+        .ok()
+        .and_then(|a| a.get(&id).cloned())
+        .is_some_and(|a| a.frame(&token, &text))
 }
 
 /// On the relay thread, when the core asks to verify: whether memory `id` holds this exact
