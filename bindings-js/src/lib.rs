@@ -735,6 +735,25 @@ impl RelayCore {
         relay_core::transport::address::refused_text(ip).map(str::to_string)
     }
 
+    /// Why a relay on `network` must not send to `url` at all (its scheme; off `dev`, not
+    /// https; unless `allow_private`, a private IP literal), or nothing: checked before any connection.
+    #[wasm_bindgen(js_name = refusedUrl)]
+    pub fn refused_url(url: &str, network: &str, allow_private: bool) -> Option<String> {
+        relay_core::transport::address::refused_url(url, network, allow_private)
+    }
+
+    /// The largest answer a host reads from a peer; a longer one is an unknown outcome.
+    #[wasm_bindgen(js_name = maxAnswer)]
+    pub fn max_answer() -> u32 {
+        relay_core::transport::outbound::MAX_ANSWER as u32
+    }
+
+    /// Whether a relay on `network` checks every address a peer's name resolves to.
+    #[wasm_bindgen(js_name = vettedAddresses)]
+    pub fn vetted_addresses(network: &str, allow_private: bool) -> bool {
+        relay_core::transport::address::vetted(network, allow_private)
+    }
+
     /// Signs a relay request as this relay would (for tests that play a peer): headers JSON
     /// `{relay_id, timestamp, nonce, signature}`.
     #[wasm_bindgen(js_name = signRequest)]

@@ -18,8 +18,6 @@ import { SqlStore, ShardIndex } from './store.js';
 const EMPTY = new Uint8Array(0);
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
-/** Largest answer read from a peer; a longer one is an unreadable answer (unknown). */
-const MAX_ANSWER = 1 << 20;
 /** The headers that carry, from the Worker to an object, what only the Worker knows. */
 const DOOR = 'x-relay-door';
 const ORIGIN = 'x-relay-origin';
@@ -538,16 +536,16 @@ export class RelayShard extends DurableObject {
     } catch {
       return notSent('url');
     }
-    if (u.protocol !== 'http:' && u.protocol !== 'https:') return notSent('scheme');
-    if (this.settings.network !== 'dev' && u.protocol !== 'https:') {
-      console.warn(`peer refused, not attempted: ${u.origin}: relays off the dev network are reached over https only`);
-      return notSent('https only');
+    const refused = RelayCore.refusedUrl(u.href, this.settings.network, this.settings.allowPrivatePeers);
+    if (refused) {
+      console.warn(`peer refused, not attempted: ${refused}`);
+      return notSent('refused');
     }
     const deadline = Date.now() + timeout;
     if (this.settings.probePeers && !(await reachable(u, timeout))) return notSent('unreachable');
     try {
       const res = await fetch(u, { method, headers, body, redirect: 'manual', signal: AbortSignal.timeout(Math.max(1, deadline - Date.now())) });
-      const answer = await readAll(res.body, MAX_ANSWER);
+      const answer = await readAll(res.body, RelayCore.maxAnswer());
       return answer === null ? { status: -2, body: EMPTY, why: 'answer too large' } : { status: res.status, body: answer };
     } catch (e) {
       return { status: -2, body: EMPTY, why: String(e?.message ?? e) };

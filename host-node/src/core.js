@@ -85,6 +85,16 @@ export const transportLimits = () => JSON.parse(core().transportLimits());
  * @param {string} ip @returns {string | null}
  */
 export const refusedAddress = (ip) => core().refusedAddress(ip) ?? null;
+/**
+ * Why a relay on `network` must not send to `url` at all, or null: the core's rules
+ * (`relay_core::transport::address::refused_url`), checked before any connection.
+ * @param {string} url @param {string} network @param {boolean} allowPrivate @returns {string | null}
+ */
+export const refusedUrl = (url, network, allowPrivate) => core().refusedUrl(url, network, allowPrivate) ?? null;
+/** The largest answer read from a peer; a longer one is an unknown outcome (the core's). @returns {number} */
+export const maxAnswer = () => core().maxAnswer();
+/** Whether a relay on `network` checks every address a peer's name resolves to. @param {string} network @param {boolean} allowPrivate @returns {boolean} */
+export const vettedAddresses = (network, allowPrivate) => core().vettedAddresses(network, allowPrivate);
 /** The answer for a call lost before it committed: 500 internal, nothing was accepted. @returns {Answer} */
 const uncommitted = () => /** @type {Answer} */ (stepOf(core().uncommitted()));
 

@@ -8,11 +8,10 @@
 // in another: DNS rebinding is caught). `allowPrivatePeers` lifts the check.
 
 import dns from 'node:dns';
-import net from 'node:net';
-import { refusedAddress } from './core.js';
+import { refusedAddress, refusedUrl, vettedAddresses } from './core.js';
 
-/** Which addresses a relay may connect to is the core's one definition. */
-export { refusedAddress };
+/** Which URLs and addresses a relay may connect to is the core's one definition. */
+export { refusedAddress, refusedUrl, vettedAddresses };
 
 /** The error code of a peer whose every address was refused: the exchange is *not attempted*. */
 export const REFUSED_CODE = 'ERR_RELAY_PEER_REFUSED';
@@ -42,24 +41,4 @@ export function vettedLookup(hostname, options, callback) {
     if (opts.all) return callback(null, ok);
     return callback(null, ok[0].address, ok[0].family);
   });
-}
-
-/**
- * Checks a peer URL before any connection: off `dev`, the scheme must be https; unless private
- * peers are allowed, an IP literal must be public (a name is checked by `vettedLookup` at
- * connect time). Returns why it is refused, or null.
- * @param {URL} u
- * @param {{network: string, allowPrivatePeers: boolean}} rules
- * @returns {string | null}
- */
-export function refusedUrl(u, rules) {
-  if (rules.network === 'dev') return null;
-  if (u.protocol !== 'https:') return `${u.origin}: relays off the dev network are reached over https only`;
-  if (rules.allowPrivatePeers) return null;
-  const host = u.hostname.replace(/^\[|\]$/g, '');
-  if (net.isIP(host)) {
-    const why = refusedAddress(host);
-    if (why) return `${u.origin}: ${host} is ${why}`;
-  }
-  return null;
 }

@@ -8,11 +8,11 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, busyAnswer } from './core.js';
+import { Core, busyAnswer, maxAnswer } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { RelayMetrics } from './metrics.js';
-import { REFUSED_CODE, refusedUrl, vettedLookup } from './outbound.js';
+import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
 import { LIMITS } from './limits.js';
 import { secret } from './secrets.js';
 
@@ -39,8 +39,8 @@ function warnOpen(data, log) {
   }
 }
 
-/** Largest answer read from a peer. */
-const MAX_ANSWER = 1 << 20;
+/** Largest answer read from a peer (the core's): a longer one is an unknown outcome. */
+const MAX_ANSWER = maxAnswer();
 /** Errors thrown by a peer exchange that prove the request never left. */
 const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', REFUSED_CODE]);
 
@@ -117,7 +117,7 @@ export class Relay extends EventEmitter {
       'https:': new https.Agent({ keepAlive: true, ...(extra.length ? { ca: [...tls.rootCertificates, ...extra] } : {}) }),
     };
     /** Connections go only to checked addresses, unless on `dev` or private peers are allowed. */
-    this.lookup = this.network === 'dev' || this.outbound.allowPrivatePeers ? undefined : vettedLookup;
+    this.lookup = vettedAddresses(this.network, this.outbound.allowPrivatePeers) ? vettedLookup : undefined;
     /** Key fetches in flight, by relay: requests waiting for the same relay's key share one GET. */
     this.keyFetches = new Map();
     /** When (in `fetchSeq`, counting fetches ended) each relay's last key fetch ended. */
@@ -296,11 +296,10 @@ export class Relay extends EventEmitter {
     } catch {
       return Promise.resolve({ kind: 'not_sent', why: 'url' });
     }
-    const lib = u.protocol === 'http:' ? http : u.protocol === 'https:' ? https : null;
-    if (!lib) return Promise.resolve({ kind: 'not_sent', why: 'scheme' });
-    const refused = refusedUrl(u, this.outbound);
+    const refused = refusedUrl(u.href, this.outbound.network, this.outbound.allowPrivatePeers);
+    const lib = u.protocol === 'https:' ? https : http;
     if (refused) {
-      this.log.warn(`peer refused, not attempted: ${refused} (--allow-private-peers lifts the address check)`);
+      this.log.warn(`peer refused, not attempted: ${refused}`);
       return Promise.resolve({ kind: 'not_sent', why: 'refused' });
     }
     return new Promise((resolve) => {

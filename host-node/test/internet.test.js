@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { refusedAddress, refusedUrl, vettedLookup, REFUSED_CODE } from '../src/outbound.js';
+import { refusedAddress, refusedUrl, vettedAddresses, vettedLookup, REFUSED_CODE } from '../src/outbound.js';
 import { LIMITS, LIMIT_FLAGS, limitsOf } from '../src/limits.js';
 import { parseArgs, lastResort } from '../src/cli.js';
 import { createRelay, serve, Log } from '../src/index.js';
@@ -31,17 +31,17 @@ test('refused peer addresses: loopback, private, link-local, CGNAT, multicast, u
   assert.equal(refusedAddress('100.64.0.1'), 'shared (CGNAT)');
 });
 
-test('refused peer URLs: off dev only https, and an IP literal must be public unless private peers are allowed', () => {
-  const rules = (network, allowPrivatePeers = false) => ({ network, allowPrivatePeers });
-  assert.equal(refusedUrl(new URL('http://127.0.0.1:8080'), rules('dev')), null, 'dev checks nothing');
-  assert.match(refusedUrl(new URL('http://relay.example'), rules('prod')), /https only/);
-  assert.match(refusedUrl(new URL('http://relay.example'), rules('prod', true)), /https only/, 'the flag does not lift https');
-  assert.match(refusedUrl(new URL('https://127.0.0.1:8443'), rules('prod')), /loopback/);
-  assert.match(refusedUrl(new URL('https://[::ffff:10.0.0.1]:8443'), rules('prod')), /private/);
-  assert.match(refusedUrl(new URL('https://[fe80::1]'), rules('prod')), /link-local/);
-  assert.equal(refusedUrl(new URL('https://127.0.0.1:8443'), rules('prod', true)), null);
-  assert.equal(refusedUrl(new URL('https://8.8.8.8'), rules('prod')), null);
-  assert.equal(refusedUrl(new URL('https://relay.example'), rules('prod')), null, 'names are checked at connect time');
+test("refused peer URLs are the core's rules: off dev only https, and an IP literal must be public unless private peers are allowed", () => {
+  assert.equal(refusedUrl('http://127.0.0.1:8080/x', 'dev', false), null, 'dev checks nothing');
+  assert.match(refusedUrl('http://relay.example/x', 'prod', false), /https only/);
+  assert.match(refusedUrl('http://relay.example/x', 'prod', true), /https only/, 'the flag does not lift https');
+  assert.match(refusedUrl('https://127.0.0.1:8443/x', 'prod', false), /loopback/);
+  assert.match(refusedUrl('https://[::ffff:10.0.0.1]:8443/x', 'prod', false), /private/);
+  assert.equal(refusedUrl('https://127.0.0.1:8443/x', 'prod', true), null);
+  assert.equal(refusedUrl('https://relay.example/x', 'prod', false), null, 'names are checked at connect time');
+  assert.equal(vettedAddresses('dev', false), false);
+  assert.equal(vettedAddresses('prod', true), false);
+  assert.equal(vettedAddresses('prod', false), true);
 });
 
 test('the vetted lookup resolves, and refuses a name whose every address is refused (one or all)', async () => {

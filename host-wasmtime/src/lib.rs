@@ -992,7 +992,7 @@ pub fn admin_client() -> AdminClient {
 /// A client that trusts only the CA certificates in `pem` for https (tests of TLS).
 pub fn admin_client_trusting(pem: &[u8]) -> anyhow::Result<AdminClient> {
     Ok(AdminClient(outbound::Peers::build(
-        Rules::OPEN,
+        Rules::open(),
         tls::client_config_trusting(pem)?,
         std::time::Duration::from_secs(20),
     )))

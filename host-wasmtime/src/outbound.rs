@@ -22,10 +22,11 @@ use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use relay_core::transport::{address, outbound};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,34 +39,31 @@ use tokio::sync::watch;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The whole exchange may take at most this long before its outcome counts as unknown.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(20);
-/// Largest answer read from a peer.
-const MAX_ANSWER: usize = 1 << 20;
 
-/// Where this relay may connect.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where this relay may connect: the core's rules (`transport::address`) for its network.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rules {
-    /// Peers are reached over https only.
-    pub https_only: bool,
-    /// Only public addresses ([`refused_address`]).
-    pub vet: bool,
+    network: String,
+    allow_private: bool,
 }
 
 impl Rules {
     /// Anything (the `dev` network, tools and tests).
-    pub const OPEN: Rules = Rules {
-        https_only: false,
-        vet: false,
-    };
+    pub fn open() -> Rules {
+        Rules::on("dev", true)
+    }
 
-    /// The rules on `network`: off `dev`, https only and (unless `allow_private`) public addresses only.
+    /// The rules on `network`, with `--allow-private-peers` or not.
     pub fn on(network: &str, allow_private: bool) -> Rules {
-        if network == "dev" {
-            return Rules::OPEN;
-        }
         Rules {
-            https_only: true,
-            vet: !allow_private,
+            network: network.to_string(),
+            allow_private,
         }
+    }
+
+    /// Whether every address a peer's name resolves to is checked.
+    fn vet(&self) -> bool {
+        address::vetted(&self.network, self.allow_private)
     }
 }
 
@@ -355,7 +353,7 @@ impl Peers {
     /// A client that goes anywhere over http or https (the system's roots): tools and tests.
     pub fn new() -> Peers {
         let tls = crate::tls::client_config(&[]).expect("TLS client configuration");
-        Peers::build(Rules::OPEN, tls, RESPONSE_TIMEOUT)
+        Peers::build(Rules::open(), tls, RESPONSE_TIMEOUT)
     }
 
     /// A relay's client: connections follow `rules`, https trusts `tls`'s roots, and each
@@ -370,7 +368,7 @@ impl Peers {
         tls: Arc<rustls::ClientConfig>,
         response_timeout: Duration,
     ) -> Peers {
-        let mut http = HttpConnector::new_with_resolver(Resolver { vet: rules.vet });
+        let mut http = HttpConnector::new_with_resolver(Resolver { vet: rules.vet() });
         http.set_connect_timeout(Some(CONNECT_TIMEOUT.min(response_timeout)));
         http.set_nodelay(true);
         http.enforce_http(false);
@@ -391,30 +389,16 @@ impl Peers {
         self.keys.started.load(Ordering::Relaxed)
     }
 
-    /// Why `url` must not be reached under the rules, before any connection: a scheme other
-    /// than https off `dev`, or an IP literal that is not public. (A name is checked when it
-    /// is resolved.)
+    /// Why `url` must not be reached under the rules, before any connection (the core's
+    /// `address::refused_url`; a name is checked when it is resolved).
     fn refused_url(&self, url: &hyper::Uri) -> Option<String> {
-        match url.scheme_str() {
-            Some("https") => {}
-            Some("http") if !self.rules.https_only => {}
-            Some("http") => {
-                return Some(format!(
-                    "{url}: relays off the dev network are reached over https only"
-                ))
-            }
-            _ => return Some(format!("{url}: not an http or https URL")),
-        }
-        if !self.rules.vet {
-            return None;
-        }
-        let host = url.host()?.trim_start_matches('[').trim_end_matches(']');
-        let ip: IpAddr = host.parse().ok()?;
-        let why = refused_address(ip)?;
-        tracing::warn!(
-            "peer refused, not attempted: {url}: {ip} is {why} (--allow-private-peers lifts the address check)"
-        );
-        Some(format!("{url}: {ip} is {why}"))
+        let why = address::refused_url(
+            &url.to_string(),
+            &self.rules.network,
+            self.rules.allow_private,
+        )?;
+        tracing::warn!("peer refused, not attempted: {why}");
+        Some(why)
     }
 
     /// One HTTP exchange; never follows redirects.
@@ -463,7 +447,7 @@ impl Peers {
         let fut = async {
             let resp = self.client.request(req).await?;
             let status = resp.status().as_u16();
-            let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
+            let body = http_body_util::Limited::new(resp.into_body(), outbound::MAX_ANSWER)
                 .collect()
                 .await
                 .map_err(|e| anyhow::anyhow!("reading answer: {e}"))?

@@ -36,6 +36,12 @@ fn spawn(port: u16, data: &Path) -> Proc {
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
             .arg(data)
             .args([
+                // An attempt in flight when the backup is taken (likelier on a busy machine)
+                // is restored in flight, with no process carrying it: the core declares its
+                // outcome unknown and retries after the attempt timeout, 30 s by default,
+                // beyond this test's wait for the delivery.
+                "--attempt-timeout",
+                "3000",
                 "--policy",
                 "retry_initial=200",
                 "--policy",

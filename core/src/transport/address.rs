@@ -69,9 +69,143 @@ pub fn refused_text(ip: &str) -> Option<&'static str> {
     }
 }
 
+/// Whether a relay on `network` checks every address a peer's name resolves to against
+/// [`refused`]: off `dev`, unless `allow_private` (`--allow-private-peers`).
+pub fn vetted(network: &str, allow_private: bool) -> bool {
+    network != "dev" && !allow_private
+}
+
+/// Why a relay on `network` must not send to `url` at all, before any connection: a scheme
+/// other than http or https; off `dev`, a scheme other than https; and, unless
+/// `allow_private` (`--allow-private-peers`), a host written as an IP address that
+/// [`refused`] refuses. A host that is a name is judged when the host resolves it, address
+/// by address. The reason names the URL's origin.
+pub fn refused_url(url: &str, network: &str, allow_private: bool) -> Option<String> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s @ ("http" | "https"), rest)) => (s, rest),
+        _ => return Some(format!("{url}: not an http or https URL")),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let origin = format!("{scheme}://{authority}");
+    if network == "dev" {
+        return None;
+    }
+    if scheme != "https" {
+        return Some(format!(
+            "{origin}: relays off the dev network are reached over https only"
+        ));
+    }
+    if allow_private {
+        return None;
+    }
+    let host_port = authority.rsplit('@').next().unwrap_or(authority);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host_port.split(':').next().unwrap_or(""),
+    };
+    let bare = host.split("%25").next().unwrap_or(host);
+    let ip: IpAddr = match bare.parse() {
+        Ok(ip) => ip,
+        Err(_) => match url_ipv4(bare)? {
+            Some(v4) => IpAddr::V4(v4),
+            None => return Some(format!("{origin}: {host} is not a valid IPv4 address")),
+        },
+    };
+    refused(ip).map(|why| {
+        format!("{origin}: {host} is {why} (--allow-private-peers lifts the address check)")
+    })
+}
+
+/// A URL host that a URL parser reads as an IPv4 address in one of its legacy forms (`127.1`,
+/// `0x7f.0.0.1`, `0177.0.0.1`, `2130706433`): the WHATWG URL standard's IPv4 parser, which
+/// is what the JS hosts' `URL` applies before connecting. `None` when the host is a name;
+/// `Some(None)` when it ends in a number but is no valid address (a URL parser refuses it).
+fn url_ipv4(host: &str) -> Option<Option<std::net::Ipv4Addr>> {
+    let mut parts: Vec<&str> = host.split('.').collect();
+    if parts.len() > 1 && parts.last() == Some(&"") {
+        parts.pop();
+    }
+    let number = |p: &str| -> Option<u64> {
+        let (digits, radix) = match p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")) {
+            Some(h) => (h, 16),
+            None if p.len() > 1 && p.starts_with('0') => (&p[1..], 8),
+            None => (p, 10),
+        };
+        if digits.is_empty() {
+            return (radix != 10).then_some(0);
+        }
+        if digits.len() > 12 || !digits.chars().all(|c| c.is_digit(radix)) {
+            return None;
+        }
+        u64::from_str_radix(digits, radix).ok()
+    };
+    let last = *parts.last()?;
+    let ends_in_number =
+        (!last.is_empty() && last.bytes().all(|b| b.is_ascii_digit())) || number(last).is_some();
+    if !ends_in_number {
+        return None;
+    }
+    if parts.len() > 4 {
+        return Some(None);
+    }
+    let Some(numbers) = parts
+        .iter()
+        .map(|p| number(p))
+        .collect::<Option<Vec<u64>>>()
+    else {
+        return Some(None);
+    };
+    let (init, tail) = numbers.split_at(numbers.len() - 1);
+    if init.iter().any(|n| *n > 255) || tail[0] >= 1u64 << (8 * (5 - numbers.len())) {
+        return Some(None);
+    }
+    let mut v = tail[0];
+    for (i, n) in init.iter().enumerate() {
+        v += n << (8 * (3 - i));
+    }
+    Some(Some(std::net::Ipv4Addr::from(v as u32)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_refused_for_their_scheme_off_dev_and_for_a_private_ip_host_unless_allowed() {
+        let off = |u: &str| refused_url(u, "prod", false);
+        assert_eq!(
+            off("http://relay.example/relay/v1/message.deliver").as_deref(),
+            Some("http://relay.example: relays off the dev network are reached over https only")
+        );
+        assert_eq!(
+            off("https://127.0.0.1:8443/relay/v1/message.deliver").as_deref(),
+            Some("https://127.0.0.1:8443: 127.0.0.1 is loopback (--allow-private-peers lifts the address check)")
+        );
+        assert_eq!(
+            off("https://[::ffff:10.0.0.1]/.well-known/relay").as_deref(),
+            Some("https://[::ffff:10.0.0.1]: ::ffff:10.0.0.1 is private (--allow-private-peers lifts the address check)")
+        );
+        assert!(
+            off("https://[fe80::1%25eth0]:443/x").is_some(),
+            "a zoned link-local"
+        );
+        assert!(off("https://user@10.1.2.3/x").is_some(), "behind userinfo");
+        assert_eq!(
+            off("https://relay.example/relay/v1/route.get"),
+            None,
+            "a name: judged when resolved"
+        );
+        assert_eq!(off("https://8.8.8.8/x"), None);
+        assert_eq!(off("https://[2606:4700:4700::1111]:8443/x"), None);
+        assert!(off("ftp://relay.example/").is_some());
+        assert!(off("relay.example").is_some());
+        // --allow-private-peers lifts the address check, not the scheme's.
+        assert_eq!(refused_url("https://127.0.0.1/x", "prod", true), None);
+        assert!(refused_url("http://127.0.0.1/x", "prod", true).is_some());
+        // On dev anything http(s) goes.
+        assert_eq!(refused_url("http://127.0.0.1:9/x", "dev", false), None);
+        assert!(refused_url("gopher://127.0.0.1/", "dev", false).is_some());
+    }
 
     #[test]
     fn only_public_addresses_pass_in_every_form() {

@@ -31,6 +31,10 @@ pub struct PeerRequest {
     pub shard: Option<u32>,
 }
 
+/// The largest answer a host reads from a peer (a relay request's or a key fetch's): a
+/// longer one is cut off and reported as [`Fetch::Unknown`], since the peer may have acted.
+pub const MAX_ANSWER: usize = 1 << 20;
+
 /// What a host saw of an HTTP exchange it made for the core.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fetch {
