@@ -11,9 +11,7 @@ use relay_core::engine::group::Grouped;
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{Caller, Config, Engine, Entropy, Storage, StorageError};
 use relay_core::transport::http::HEADERS;
-use relay_core::transport::{
-    socket, Event, Fetch, Listener, Method, Relay, Request, Response, Step,
-};
+use relay_core::transport::{socket, Event, Fetch, Method, Relay, Request, Response, Step};
 use relay_core::wire::canonical;
 use relay_core::wire::canonical::write_string;
 use relay_core::wire::crypto::Crypto;
@@ -367,31 +365,6 @@ fn step_line(key: &str, value: &relay_core::wire::json::Value) -> Vec<u8> {
     out
 }
 
-/// A request from `handle`'s arguments (`headers` is `name\nvalue\n` per header).
-fn request_of(
-    admin: bool,
-    method: String,
-    path: String,
-    query: String,
-    headers: &str,
-    body: Vec<u8>,
-    origin: Option<String>,
-) -> Request {
-    Request {
-        listener: if admin {
-            Listener::Admin
-        } else {
-            Listener::Public
-        },
-        method,
-        path,
-        query,
-        headers: relay_core::transport::http::header_lines(headers),
-        body,
-        origin,
-    }
-}
-
 /// `{"account", "shard"}` of a route a call waits for.
 fn route_wanted(w: &relay_core::transport::RouteWanted) -> relay_core::wire::json::Value {
     use relay_core::wire::json::{Object, Value};
@@ -496,7 +469,7 @@ impl RelayCore {
         origin: Option<String>,
         now: f64,
     ) -> Vec<u8> {
-        let req = request_of(admin, method, path, query, headers, body, origin);
+        let req = Request::from_lines(admin, method, path, query, headers, body, origin);
         use relay_core::wire::json::{Object, Value};
         match self.relay.handle(&req, now as u64) {
             Step::Respond(r) => response_bytes(&r),
@@ -551,7 +524,7 @@ impl RelayCore {
         body: Vec<u8>,
         count: u32,
     ) -> u32 {
-        let req = request_of(admin, method, path, query, headers, body, None);
+        let req = Request::from_lines(admin, method, path, query, headers, body, None);
         relay_core::transport::placement::shard_of(&req, count)
     }
 

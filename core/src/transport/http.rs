@@ -48,6 +48,37 @@ pub struct Request {
 }
 
 impl Request {
+    /// A request as the JS hosts pass one across a boundary: the admin listener or the
+    /// public one, and `headers` as `name\nvalue\n` per header.
+    pub fn from_lines(
+        admin: bool,
+        method: String,
+        path: String,
+        query: String,
+        headers: &str,
+        body: Vec<u8>,
+        origin: Option<String>,
+    ) -> Request {
+        let mut lines = headers.split('\n');
+        let mut pairs = Vec::new();
+        while let (Some(k), Some(v)) = (lines.next(), lines.next()) {
+            pairs.push((k.to_string(), v.to_string()));
+        }
+        Request {
+            listener: if admin {
+                Listener::Admin
+            } else {
+                Listener::Public
+            },
+            method,
+            path,
+            query,
+            headers: pairs,
+            body,
+            origin,
+        }
+    }
+
     /// The value of header `name` (lowercase), if present.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -109,16 +140,6 @@ impl Request {
             (k == name).then_some(v)
         })
     }
-}
-
-/// Headers as the JS hosts pass them across a boundary: `name\nvalue\n` per header.
-pub fn header_lines(text: &str) -> Vec<(String, String)> {
-    let mut lines = text.split('\n');
-    let mut pairs = Vec::new();
-    while let (Some(k), Some(v)) = (lines.next(), lines.next()) {
-        pairs.push((k.to_string(), v.to_string()));
-    }
-    pairs
 }
 
 /// Where a request goes, by its listener, method and path.

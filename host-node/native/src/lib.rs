@@ -10,8 +10,7 @@ use napi::bindgen_prelude::{Buffer, Uint8ArraySlice};
 use napi_derive::napi;
 use relay_core::engine::Config;
 use relay_core::transport::ahead::{Ahead, Verdict};
-use relay_core::transport::http::header_lines;
-use relay_core::transport::{Listener, Request};
+use relay_core::transport::Request;
 use relay_core::wire::digest::sha256_own;
 use relay_core::wire::preverify::Memory;
 use relay_core::wire::signature::{code, verify_own_slices};
@@ -121,19 +120,15 @@ pub fn ahead_request(
     let Some(ahead) = AHEADS.lock().ok().and_then(|a| a.get(&id).cloned()) else {
         return go(None);
     };
-    let req = Request {
-        listener: if admin {
-            Listener::Admin
-        } else {
-            Listener::Public
-        },
+    let req = Request::from_lines(
+        admin,
         method,
         path,
-        query: String::new(),
-        headers: header_lines(&headers),
-        body: body.to_vec(),
-        origin: None,
-    };
+        String::new(),
+        &headers,
+        body.to_vec(),
+        None,
+    );
     match ahead.request(&req, now as u64) {
         Verdict::Answer(r) => AheadVerdict {
             status: Some(u32::from(r.status)),
