@@ -787,6 +787,53 @@ impl rand_core::RngCore for JsRng {
 
 impl rand_core::CryptoRng for JsRng {}
 
+/// The host's timer rules ([`relay_core::transport::alarm`]): a JS host sleeps for
+/// `delay(now)` and reports what its ticks did, so every host arms its timer alike.
+#[wasm_bindgen]
+#[derive(Default)]
+pub struct Alarm(relay_core::transport::alarm::Alarm);
+
+#[wasm_bindgen]
+impl Alarm {
+    /// An alarm that is not armed.
+    #[wasm_bindgen(constructor)]
+    pub fn new() -> Alarm {
+        Alarm::default()
+    }
+
+    /// Arms the alarm for `at` (ms) unless it is armed for earlier; true when the host must
+    /// re-arm its timer.
+    #[wasm_bindgen(js_name = wakeAt)]
+    pub fn wake_at(&mut self, at: f64) -> bool {
+        self.0.wake_at(at as u64)
+    }
+
+    /// The timer fired: disarmed until a wake-up arms it again.
+    pub fn fire(&mut self) {
+        self.0.fire()
+    }
+
+    /// A tick or group commit failed at `now`: a retry is armed; returns its wait (ms).
+    pub fn failed(&mut self, now: f64) -> f64 {
+        self.0.failed(now as u64) as f64
+    }
+
+    /// A tick succeeded: the backoff ends.
+    pub fn succeeded(&mut self) {
+        self.0.succeeded()
+    }
+
+    /// When the timer must fire (ms), or nothing when it is not armed.
+    pub fn deadline(&self) -> Option<f64> {
+        self.0.deadline().map(|d| d as f64)
+    }
+
+    /// How long to sleep from `now` (ms, at least 1), or nothing when not armed.
+    pub fn delay(&self, now: f64) -> Option<f64> {
+        self.0.delay(now as u64).map(|d| d as f64)
+    }
+}
+
 /// A client identity (an account with one device) and the builders a JS client needs:
 /// certificates, routes, sessions, encrypted messages, and opening received entries.
 #[wasm_bindgen]

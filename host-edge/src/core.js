@@ -14,7 +14,7 @@ glue.initSync({ module: wasm });
 // No native crypto on workerd: the core verifies and hashes in wasm.
 glue.setHostCrypto(null);
 
-export const { RelayCore } = glue;
+export const { Alarm, RelayCore } = glue;
 
 /** How many times the instance was replaced: a `RelayCore` made in another generation is gone. */
 export let generation = 0;

@@ -12,7 +12,7 @@
 
 import { DurableObject } from 'cloudflare:workers';
 import { connect } from 'cloudflare:sockets';
-import { RelayCore, REQUEST_HEADERS, generation, reset, stepOf, uncommitted, headerText, shardOf } from './core.js';
+import { Alarm, RelayCore, REQUEST_HEADERS, generation, reset, stepOf, uncommitted, headerText, shardOf } from './core.js';
 import { SqlStore, ShardIndex } from './store.js';
 
 const EMPTY = new Uint8Array(0);
@@ -201,14 +201,14 @@ export class RelayShard extends DurableObject {
     this.gen = -1;
     /** Why no core can be made (a store from a newer relay, a bad configuration), if so. */
     this.broken = null;
-    /** When the alarm is set for (ms), or null. */
-    this.alarmAt = null;
+    /** The core's timer rules (earliest wins, backoff on failure), made per wasm generation. */
+    this.alarmRules = null;
+    this.alarmGen = -1;
     /** Key fetches in flight, by relay: requests waiting for the same relay's key share one GET. */
     this.keyFetches = new Map();
-    /** The wait before a tick retried after a failure (ms; 0 while none failed). */
-    this.retryDelay = 0;
     ctx.blockConcurrencyWhile(async () => {
-      this.alarmAt = await ctx.storage.getAlarm();
+      const armed = await ctx.storage.getAlarm();
+      if (armed !== null) this.#alarm().wakeAt(armed);
       // The other hosts tick at start; an object starts at its first request or alarm.
       if (this.index.get() !== null) this.#tick();
     });
@@ -274,11 +274,8 @@ export class RelayShard extends DurableObject {
         this.core.__destroy_into_raw?.();
         this.core = null;
         reset();
-        this.#wake(Date.now() + 100);
-      } else {
-        console.error(`core call rolled back: ${e?.message ?? e}`);
-        this.#retrySoon();
-      }
+      } else console.error(`core call rolled back: ${e?.message ?? e}`);
+      this.#failed();
       return fallback;
     }
   }
@@ -451,7 +448,7 @@ export class RelayShard extends DurableObject {
 
   /** The alarm: the core's tick, then the sessions that expired are closed. */
   async alarm() {
-    this.alarmAt = null;
+    this.#alarm().fire();
     this.#tick();
     const now = Date.now();
     let next = Infinity;
@@ -465,28 +462,43 @@ export class RelayShard extends DurableObject {
   }
 
   #tick() {
-    const t = JSON.parse(this.#call((c) => c.tick(Date.now()), '{"events":[],"error":"the core trapped or its commit failed"}'));
+    const out = this.#call((c) => c.tick(Date.now()), null);
+    if (out === null) return; // no core, or the call failed and `#call` armed the retry
+    const t = JSON.parse(out);
     for (const q of t.quarantined ?? []) {
       console.warn(`tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it): ${JSON.stringify(q)}`);
     }
     this.#run(t.events);
     if (t.error) {
       console.warn(`tick could not commit: ${t.error}; it runs again`);
-      this.#retrySoon();
-    } else this.retryDelay = 0;
+      this.#failed();
+    } else this.#alarm().succeeded();
   }
 
-  /** A tick soon after a failure: from 100 ms, doubling to 10 s while failures last. */
-  #retrySoon() {
-    this.retryDelay = Math.min(Math.max(this.retryDelay * 2, 100), 10_000);
-    this.#wake(Date.now() + this.retryDelay);
+  /**
+   * The core's alarm rules (`relay_core::transport::alarm`). They live in the wasm instance:
+   * after a trap replaced it, fresh ones start unarmed and the trap's retry arms them.
+   */
+  #alarm() {
+    if (this.alarmGen !== generation) [this.alarmRules, this.alarmGen] = [new Alarm(), generation];
+    return this.alarmRules;
+  }
+
+  /** A tick or call failed: the alarm retries, from 100 ms doubling to 10 s while failures last. */
+  #failed() {
+    this.#alarm().failed(Date.now());
+    this.#arm();
   }
 
   /** Arms the alarm for `at` unless it is armed for earlier (an early alarm only ticks early). */
   #wake(at) {
-    if (this.alarmAt !== null && this.alarmAt > Date.now() && this.alarmAt <= at) return;
-    this.alarmAt = at;
-    this.ctx.storage.setAlarm(at);
+    if (this.#alarm().wakeAt(at)) this.#arm();
+  }
+
+  /** Sets the object's one alarm for the deadline the rules hold, if any. */
+  #arm() {
+    const at = this.#alarm().deadline();
+    if (at !== undefined) this.ctx.storage.setAlarm(at);
   }
 
   /** Runs the core's events: deliveries, wake-ups, calls to sibling shards, notifications, session ends. */

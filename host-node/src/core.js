@@ -65,9 +65,11 @@ export function stepOf(bytes) {
 /** The core's statics (answers for work it never saw), from a module loaded once per thread. */
 let statics = null;
 function core() {
-  statics ??= loadModule(null).RelayCore;
-  return statics;
+  statics ??= loadModule(null);
+  return statics.RelayCore;
 }
+/** The core's timer rules (`relay_core::transport::alarm`), for a relay's one timer. */
+export const newAlarm = () => (core(), new statics.Alarm());
 /** The answer when the work waiting for the core is full: 503 unavailable, Retry-After 1. @returns {Answer} */
 export const busyAnswer = () => /** @type {Answer} */ (stepOf(core().busy()));
 /** The answer frame to a WebSocket message when the work waiting for the core is full. @param {string} text */

@@ -8,7 +8,7 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, busyAnswer, maxAnswer } from './core.js';
+import { Core, busyAnswer, maxAnswer, newAlarm } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { RelayMetrics } from './metrics.js';
@@ -100,9 +100,8 @@ export class Relay extends EventEmitter {
     this.log = info.log ?? core.log;
     this.metrics = info.metrics ?? core.metrics ?? new RelayMetrics();
     this.timer = null;
-    /** The wait before a tick retried after a storage failure (ms; 0 while none failed). */
-    this.retryDelay = 0;
-    this.wakeAt = -1;
+    /** When the core is next ticked: the core's rules (earliest wins, backoff on failure). */
+    this.alarm = newAlarm();
     this.closed = false;
     this.inflight = new Set();
     this.coreCalls = 0;
@@ -125,7 +124,7 @@ export class Relay extends EventEmitter {
     this.fetchSeq = 0;
     // After a trap, whatever call it was, the fresh instance is ticked (which arms its timer).
     core.onRecover = () => this.#schedule(Date.now());
-    core.onCommitFailed = () => this.#retrySoon();
+    core.onCommitFailed = () => this.#failed();
     // The first tick (which arms the timer) on the next turn: whoever serves this relay
     // listens by then, so a peer fetching its key to authenticate a retry finds it. On a
     // relay thread the transports listen on another thread, later: the thread holds the
@@ -248,40 +247,40 @@ export class Relay extends EventEmitter {
     }
   }
 
+  /** Asks for a tick at `at`: the alarm keeps the earliest. */
   #schedule(at) {
-    if (this.closed) return;
-    if (this.timer && this.wakeAt <= at && this.wakeAt >= Date.now()) return;
+    if (this.alarm.wakeAt(at) || !this.timer) this.#arm();
+  }
+
+  /** Sets the one timer for the alarm's deadline, if it is armed. */
+  #arm() {
     clearTimeout(this.timer);
-    this.wakeAt = at;
-    // A wake-up already due still waits a millisecond, so a stuck core cannot spin.
-    this.timer = setTimeout(() => this.#tick(), Math.max(1, Math.min(at - Date.now(), 2 ** 31 - 1)));
+    const delay = this.alarm.delay(Date.now());
+    this.timer = this.closed || delay === undefined ? null : setTimeout(() => this.#tick(), Math.min(delay, 2 ** 31 - 1));
   }
 
   #tick() {
     this.timer = null;
     if (this.closed) return;
+    this.alarm.fire();
     const started = performance.now();
     const t = this.core.tick(Date.now());
     this.metrics.tick.observe((performance.now() - started) / 1000);
     for (const q of t.quarantined ?? []) {
       this.log.warn('tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it)', { entry: q.entry, code: q.code, error: q.message });
     }
-    this.#run(t.events);
     if (t.error) {
       this.log.warn(`tick could not commit: ${t.error}; it runs again`);
-      this.#retrySoon();
-      return;
-    }
-    this.retryDelay = 0;
+      this.#failed();
+    } else this.alarm.succeeded();
+    this.#run(t.events);
+    this.#arm();
   }
 
-  /**
-   * A tick soon, after a failed tick or commit (storage busy): from
-   * 100 ms, doubling to 10 s while failures last, so no timer is lost and none spins.
-   */
-  #retrySoon() {
-    this.retryDelay = Math.min(Math.max((this.retryDelay ?? 0) * 2, 100), 10_000);
-    this.#schedule(Date.now() + this.retryDelay);
+  /** A tick or commit failed (storage busy): the alarm retries with its backoff. */
+  #failed() {
+    this.alarm.failed(Date.now());
+    this.#arm();
   }
 
   /**

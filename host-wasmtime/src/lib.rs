@@ -21,6 +21,7 @@ pub use relay_core::transport::address::refused as refused_address;
 use anyhow::Context;
 use guest::{Core, Event, Reply};
 use relay_core::engine::{Config, MemoryStore};
+use relay_core::transport::alarm::Alarm;
 use relay_core::wire::identity::RelayId;
 use relay_core::wire::preverify::Memory as Preverify;
 use settings::Settings;
@@ -157,11 +158,11 @@ impl CoreHandle {
     }
 }
 
-/// One shard of the relay: the thread that owns its core, and its timer's next wake-up.
+/// One shard of the relay: the thread that owns its core, and its timer's alarm.
 pub struct ShardCore {
     /// The core of this shard's accounts.
     pub core: CoreHandle,
-    wake: watch::Sender<Option<u64>>,
+    wake: watch::Sender<Alarm>,
 }
 
 /// Shared state of a running relay.
@@ -260,19 +261,10 @@ impl App {
                     let app = self.clone();
                     tokio::spawn(async move { outbound::attempt(app, shard, req).await });
                 }
-                // The earliest wins: events of calls committed in one order may be
-                // dispatched in another, and a wake-up too early costs one idle tick (which
-                // tells the next wake-up afresh) while one too late delays work.
                 Event::WakeAt(at) => {
                     self.shards[shard as usize]
                         .wake
-                        .send_if_modified(|w| match *w {
-                            Some(now) if now <= at => false,
-                            _ => {
-                                *w = Some(at);
-                                true
-                            }
-                        });
+                        .send_if_modified(|a| a.wake_at(at));
                 }
                 Event::ShardCall(c) => {
                     let app = self.clone();
@@ -599,7 +591,7 @@ pub async fn start_with(
             0 => p.clone(),
             k => p.with_file_name(format!("relay-shard-{k}.sqlite")),
         });
-        let (wake_tx, wake_rx) = watch::channel(None);
+        let (wake_tx, wake_rx) = watch::channel(Alarm::new());
         let core = spawn_core(CoreStart {
             index,
             engine: engine.clone(),
@@ -643,7 +635,9 @@ pub async fn start_with(
     });
     // Each core's first tick runs at once: its events end with that core's next wake-up.
     for (index, wake_rx) in timers.into_iter().enumerate() {
-        app.shards[index].wake.send_replace(Some(now_ms()));
+        app.shards[index].wake.send_modify(|a| {
+            a.wake_at(now_ms());
+        });
         tokio::spawn(timer(app.clone(), index as u32, wake_rx));
     }
 
@@ -708,7 +702,7 @@ struct CoreStart {
     faults: Option<Arc<store::Faults>>,
     metrics: Arc<ops::HostMetrics>,
     health: Arc<ops::Health>,
-    wake: watch::Sender<Option<u64>>,
+    wake: watch::Sender<Alarm>,
 }
 
 /// Starts the thread that owns one shard's core, and returns its handle once the core
@@ -812,7 +806,7 @@ fn run_group(
     max: usize,
     metrics: &ops::HostMetrics,
     health: &ops::Health,
-    wake: &watch::Sender<Option<u64>>,
+    wake: &watch::Sender<Alarm>,
 ) -> Option<Alone> {
     core.begin_group();
     let mut releases = vec![first(core)];
@@ -834,14 +828,11 @@ fn run_group(
         Err(e) => {
             tracing::error!("group commit of {} calls failed: {e}", releases.len());
             // Whatever the group did is undone, and what it would have scheduled is not
-            // known: the timer is armed to tick again shortly, whatever it held.
-            let retry = now_ms() + RETRY_FIRST_MS;
-            wake.send_if_modified(|w| match *w {
-                Some(at) if at <= retry => false,
-                _ => {
-                    *w = Some(retry);
-                    true
-                }
+            // known: the timer retries, as after a failed tick.
+            wake.send_if_modified(|a| {
+                let before = a.deadline();
+                a.failed(now_ms());
+                a.deadline() != before
             });
             false
         }
@@ -857,37 +848,20 @@ fn run_group(
     alone
 }
 
-/// The first retry of the timer after a tick that trapped or failed, or a group commit that
-/// failed (ms); each failure in a row doubles it, up to [`RETRY_MAX_MS`].
-pub const RETRY_FIRST_MS: u64 = 100;
-/// The longest wait between two retries of a failing tick (ms).
-pub const RETRY_MAX_MS: u64 = 10_000;
-
-/// Sleeps until the core's next wake-up, ticks it, and repeats.
-///
-/// The timer stays armed whatever fails: a tick that trapped or reported an error, or a
-/// group commit that failed, is retried, first after [`RETRY_FIRST_MS`], then after twice
-/// as long each time in a row, up to [`RETRY_MAX_MS`] (never in a tight loop); the first
-/// tick that succeeds ends the backoff.
-async fn timer(app: Arc<App>, shard: u32, mut wake: watch::Receiver<Option<u64>>) {
-    let mut backoff = 0u64;
-    let mut not_before = tokio::time::Instant::now();
+/// Sleeps until the core's alarm ([`relay_core::transport::alarm`]), ticks it, and repeats.
+async fn timer(app: Arc<App>, shard: u32, mut alarm: watch::Receiver<Alarm>) {
+    let wake = &app.shards[shard as usize].wake;
     loop {
-        let next = *wake.borrow_and_update();
+        let delay = alarm.borrow_and_update().delay(now_ms());
         let sleep = async {
-            match next {
-                Some(at) => {
-                    let now = now_ms();
-                    // A wake-up already due still waits a millisecond, so a stuck core cannot spin.
-                    let due = tokio::time::Instant::now()
-                        + std::time::Duration::from_millis(at.saturating_sub(now).max(1));
-                    tokio::time::sleep_until(due.max(not_before)).await;
-                }
+            match delay {
+                Some(ms) => tokio::time::sleep(std::time::Duration::from_millis(ms)).await,
                 None => std::future::pending::<()>().await,
             }
         };
         tokio::select! {
             _ = sleep => {
+                wake.send_modify(Alarm::fire);
                 let metrics = app.metrics.clone();
                 let ran = app.core(shard).run(move |c| {
                     let started = std::time::Instant::now();
@@ -895,49 +869,25 @@ async fn timer(app: Arc<App>, shard: u32, mut wake: watch::Receiver<Option<u64>>
                     metrics.tick_duration.observe(started.elapsed().as_secs_f64());
                     Some(r)
                 }).await;
-                let (mut events, failed) = match ran {
-                    None => (Vec::new(), Some("the tick's group commit failed".to_string())),
+                // A group commit that failed armed the retry already (`run_group`).
+                let (events, failed) = match ran {
+                    None => (Vec::new(), None),
                     Some(None) => (Vec::new(), Some("the tick trapped".to_string())),
-                    Some(Some(r)) => (r.events, r.error),
-                };
-                // The tick's own wake-up replaces what the timer held (the core said it
-                // after everything this tick did); other events go out as any call's.
-                let mut next = None;
-                events.retain(|e| match e {
-                    Event::WakeAt(at) => {
-                        next = Some(next.map_or(*at, |n: u64| n.min(*at)));
-                        false
-                    }
-                    _ => true,
-                });
-                let next = match failed {
-                    None => {
-                        backoff = 0;
-                        not_before = tokio::time::Instant::now();
-                        next
-                    }
-                    Some(why) => {
-                        backoff = if backoff == 0 { RETRY_FIRST_MS } else { (backoff * 2).min(RETRY_MAX_MS) };
-                        tracing::warn!("timer: {why}; ticking again in {backoff} ms");
-                        not_before = tokio::time::Instant::now() + std::time::Duration::from_millis(backoff);
-                        let retry = now_ms() + backoff;
-                        // What the core asked for, if it could say; else (or later) the retry.
-                        Some(next.map_or(retry, |at| at.min(retry)))
+                    Some(Some(r)) => {
+                        if r.error.is_none() {
+                            wake.send_modify(Alarm::succeeded);
+                        }
+                        (r.events, r.error)
                     }
                 };
-                // What the core said after this tick stands, unless a wake-up was asked for
-                // meanwhile (another call's events): then the earlier of the two.
-                let meanwhile = wake.has_changed().unwrap_or(false);
-                app.shards[shard as usize].wake.send_modify(|w| {
-                    *w = match (meanwhile, *w, next) {
-                        (true, Some(a), Some(b)) => Some(a.min(b)),
-                        (true, Some(a), None) => Some(a),
-                        _ => next,
-                    }
-                });
+                if let Some(why) = failed {
+                    let mut wait = 0;
+                    wake.send_modify(|a| wait = a.failed(now_ms()));
+                    tracing::warn!("timer: {why}; ticking again in {wait} ms");
+                }
                 app.dispatch(shard, events);
             }
-            changed = wake.changed() => {
+            changed = alarm.changed() => {
                 if changed.is_err() {
                     return;
                 }

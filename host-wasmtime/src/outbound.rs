@@ -563,7 +563,7 @@ pub async fn attempt(app: Arc<App>, shard: u32, req: PeerRequest) {
     // not kept (its group commit failed, or the call failed) is made again, after 100 ms,
     // then twice as long each time; after the longest wait the core's own attempt timeout
     // decides instead.
-    let mut wait = crate::RETRY_FIRST_MS;
+    let mut wait = relay_core::transport::alarm::RETRY_FIRST_MS;
     loop {
         let (task, f) = (req.task.clone(), fetch.clone());
         let attempt = req.attempt;
@@ -579,7 +579,7 @@ pub async fn attempt(app: Arc<App>, shard: u32, req: PeerRequest) {
             Some(Err(why)) => why,
             None => "its group commit failed".to_string(),
         };
-        if wait > crate::RETRY_MAX_MS {
+        if wait > relay_core::transport::alarm::RETRY_MAX_MS {
             tracing::warn!(
                 task = %req.task,
                 "the outcome of an attempt could not be recorded ({why}); the core's attempt timeout decides it"

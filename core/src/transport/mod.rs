@@ -13,6 +13,7 @@
 
 pub mod address;
 pub mod ahead;
+pub mod alarm;
 pub mod http;
 pub mod keys;
 pub mod limits;
