@@ -734,6 +734,40 @@ fn seed_unknown_outcomes_retried_unchanged_to_the_same_target(ka: Kind, kb: Kind
 }
 every_pair!(seed_unknown_outcomes_retried_unchanged_to_the_same_target);
 
+/// protocol.md §6, outbound: an answer longer than the largest a relay reads (1 MiB,
+/// `transport::outbound::MAX_ANSWER`) is not read, so its outcome is unknown even though
+/// it is a valid `target_accepted`; the source retries the unchanged message.deliver, and
+/// the destination accepts the message once. The source's host reads the answer, so the
+/// scenario runs once per host.
+fn an_answer_over_the_cap_is_an_unknown_outcome(k: Kind) {
+    let Duo {
+        a,
+        b,
+        mut c,
+        alice,
+        bob,
+    } = duo(k, k, Opts::default(), Opts::default(), 21);
+    b.proxy.script(&[Fault::Oversized]);
+    let p = c.message(&alice, &bob, "a long answer", &Msg::default());
+    let st = deliver_and_wait(&c, &alice, &p);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    let hits = b.proxy.wait_delivers(&message_id(&p), 2);
+    let faults: Vec<Fault> = hits.iter().map(|h| h.fault).collect();
+    assert_eq!(
+        faults,
+        [Fault::Oversized, Fault::Pass],
+        "the oversized answer was taken as a result"
+    );
+    assert_eq!(hits[0].body, hits[1].body, "the retry is unchanged");
+    assert_eq!(
+        received(&c, &bob, &message_id(&p)).len(),
+        1,
+        "accepted once"
+    );
+    verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
+}
+every_host!(an_answer_over_the_cap_is_an_unknown_outcome);
+
 /// Seed, "Switching targets": an account moves from B to C (route revision 2). The source
 /// keeps confirming with B while B's answer is unknown, and switches only on B's explicit
 /// not_home_relay carrying the higher revision.

@@ -33,6 +33,10 @@ pub enum Fault {
     Unavailable,
     /// Resets the connection (RST) without forwarding.
     Reset,
+    /// Forwards it, lets the destination act, and answers with the destination's answer
+    /// padded with whitespace past the largest answer a relay reads
+    /// (`relay_core::transport::outbound::MAX_ANSWER`): still valid JSON, but too long.
+    Oversized,
 }
 
 /// Chances (per thousand) of each fault in chaos mode; the rest pass.
@@ -262,6 +266,21 @@ impl Proxy {
                         None => false,
                     }
                 }
+                Fault::Oversized => match forward(upstream, &req) {
+                    Some((status, answered_up)) => {
+                        upstream_status = Some(status);
+                        let mut body = answer_body(&answered_up).unwrap_or_default();
+                        body.resize(
+                            body.len() + relay_core::transport::outbound::MAX_ANSWER + 1,
+                            b' ',
+                        );
+                        let body = String::from_utf8(body).unwrap_or_default();
+                        let keep = conn.write_all(&answer(status, &body, &[])).is_ok();
+                        answered = answered_up;
+                        keep
+                    }
+                    None => false,
+                },
                 Fault::DropRequest => false,
                 Fault::RateLimited(ms) => {
                     let body = format!(
@@ -395,6 +414,29 @@ fn forward(upstream: u16, req: &Request) -> Option<(u16, Vec<u8>)> {
     out.extend_from_slice(b"connection: close\r\n\r\n");
     out.extend_from_slice(&raw[head_end..]);
     Some((status, out))
+}
+
+/// The body of a whole HTTP answer as [`forward`] returns it (Content-Length or chunked).
+fn answer_body(raw: &[u8]) -> Option<Vec<u8>> {
+    let head_end = find_head_end(raw)?;
+    let head = std::str::from_utf8(&raw[..head_end])
+        .ok()?
+        .to_ascii_lowercase();
+    let rest = &raw[head_end..];
+    if !head.contains("transfer-encoding: chunked") {
+        return Some(rest.to_vec());
+    }
+    let (mut body, mut at) = (Vec::new(), 0);
+    loop {
+        let line_end = at + rest[at..].windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&rest[at..line_end]).ok()?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(rest.get(line_end + 2..line_end + 2 + size)?);
+        at = line_end + 2 + size + 2;
+    }
 }
 
 fn answer(status: u16, body: &str, extra: &[(&str, &str)]) -> Vec<u8> {
