@@ -199,6 +199,8 @@ export class RelayShard extends DurableObject {
     /** @type {any} the RelayCore, made at first use in each generation of the wasm instance */
     this.core = null;
     this.gen = -1;
+    /** When this object started: its attempts' `fetch`es live only as long as it does. */
+    this.startedAt = Date.now();
     /** Why no core can be made (a store from a newer relay, a bad configuration), if so. */
     this.broken = null;
     /** The core's timer rules (earliest wins, backoff on failure), made per wasm generation. */
@@ -234,6 +236,8 @@ export class RelayShard extends DurableObject {
       relay: s.relay,
       network: s.network,
       policies: s.policies,
+      // Attempts in flight before this object started were carried by an instance that is gone.
+      started_at: this.startedAt,
       ...(s.attemptTimeout !== undefined ? { attempt_timeout: s.attemptTimeout } : {}),
       ...(s.shards > 1 ? { shard: { index: k, count: s.shards } } : {}),
     };

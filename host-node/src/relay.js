@@ -451,7 +451,9 @@ export async function createRelay(opts) {
   } else if (storage === 'memory') {
     storage = new MemoryStorage();
   }
-  const config = JSON.stringify({ relay: opts.relay, network, policies: opts.policies ?? {}, ...(opts.engine ?? {}) });
+  // started_at: attempts in flight before now were carried by a relay that is gone (a trap
+  // recovery reuses this configuration, so its attempts, still carried, are not).
+  const config = JSON.stringify({ relay: opts.relay, network, policies: opts.policies ?? {}, started_at: Date.now(), ...(opts.engine ?? {}) });
   const metrics = new RelayMetrics();
   let core;
   try {

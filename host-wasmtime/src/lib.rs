@@ -542,6 +542,9 @@ pub async fn start_with(
     if let Some(m) = settings.max_in_flight_per_destination {
         config.max_in_flight_per_destination = m;
     }
+    // Attempts in flight before now were carried by a process that is gone; a trap
+    // recovery reuses this configuration, so its attempts (still carried) are not.
+    config.started_at = Some(now_ms());
     let (seed, admin_token, store_path) = match &settings.data {
         Some(dir) => {
             create_data_dir(dir)?;

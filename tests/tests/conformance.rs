@@ -839,6 +839,48 @@ fn seed_delivery_finishes_after_restart(ka: Kind, kb: Kind) {
 }
 every_pair!(seed_delivery_finishes_after_restart);
 
+/// Seed, "Delivery Result Confirmation" across a restart ("the source's responsibility ...
+/// survives relay restarts"): an attempt in flight when the source's process dies gets no
+/// answer. The restarted source takes its outcome as unknown at once and retries the
+/// unchanged message.deliver to the same target, well before the attempt timeout (120 s
+/// here, beyond this test's wait). The source's host decides it, so once per host.
+fn an_attempt_in_flight_at_a_crash_is_retried_at_the_next_start(k: Kind) {
+    let slow = Opts {
+        attempt_timeout: 120_000,
+        ..Opts::default()
+    };
+    let Duo {
+        mut a,
+        b,
+        mut c,
+        alice,
+        bob,
+    } = duo(k, k, slow, Opts::default(), 23);
+    b.proxy.script(&[Fault::Delay(3_000)]);
+    let p = c.message(&alice, &bob, "in flight at the crash", &Msg::default());
+    let (s, v) = c.send(&alice, &p);
+    assert_eq!((s, status_of(&v).as_str()), (200, "delivering"), "{v:?}");
+    // The proxy holds the first attempt; the source dies with it in flight.
+    std::thread::sleep(Duration::from_millis(500));
+    a.relay.restart();
+    let st = c.wait_terminal(&alice, &message_id(&p), WAIT);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    let hits = b.proxy.wait_delivers(&message_id(&p), 2);
+    assert_eq!(
+        hits.len(),
+        2,
+        "one attempt lost with the process, one retry"
+    );
+    assert_eq!(hits[0].body, hits[1].body, "the retry is unchanged");
+    assert_eq!(
+        received(&c, &bob, &message_id(&p)).len(),
+        1,
+        "accepted once"
+    );
+    verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
+}
+every_host!(an_attempt_in_flight_at_a_crash_is_retried_at_the_next_start);
+
 // ---------------------------------------------------------------- faults
 
 /// Random faults between two relays in both directions (lost requests and answers, delays

@@ -392,3 +392,59 @@ fn responsibility_survives_a_restart_and_resumes_at_the_next_attempt_time() {
     assert_eq!(w.record_count(b, &bob), 1);
     let _ = Object::new();
 }
+
+/// Seed "Delivery Result Confirmation" across a restart ("the source's responsibility ...
+/// survives relay restarts"): an attempt in flight when the relay's process stopped will
+/// get no answer. At the new process's first tick (`Config::started_at`, set by every host
+/// at start) its outcome is unknown, and the unchanged request is retried to the same target
+/// after the usual backoff, not after the attempt timeout. A trap recovery keeps the process
+/// (and its attempts, whose answers still come): it leaves them in flight.
+#[test]
+fn an_attempt_in_flight_when_the_process_stopped_is_an_unknown_outcome_at_the_next_start() {
+    let (mut w, a, _, alice, bob) = setup(48);
+    let timeout = w.nodes[a].config.attempt_timeout;
+    w.nodes[a].config.started_at = Some(w.clock(a));
+    w.nodes[a].restart(1);
+    let m = w.message(&alice, 0, &bob, "x", &Msg::default());
+    w.send(&alice, 0, &m).result.unwrap();
+    let lost = w.take_outbox().pop().expect("an attempt in flight");
+    let sent = w.clock(a);
+
+    // A trap recovery: a new engine over the same storage, the same process start.
+    w.now += 1_000;
+    w.nodes[a].restart(2);
+    w.tick(a);
+    w.now += RETRY_INITIAL;
+    w.tick(a);
+    assert!(
+        w.outbox.is_empty(),
+        "an attempt of this process stays in flight"
+    );
+
+    // The process restarts: the attempt it carried is an unknown outcome at once.
+    w.now += 1_000;
+    w.nodes[a].config.started_at = Some(w.clock(a));
+    w.nodes[a].restart(3);
+    w.tick(a);
+    w.now += RETRY_INITIAL;
+    w.tick(a);
+    let retry = w
+        .take_outbox()
+        .pop()
+        .expect("the orphaned attempt is retried");
+    assert!(w.clock(a) < sent + timeout, "before its attempt timeout");
+    assert_eq!(
+        (&retry.task, retry.attempt, &retry.target, &retry.body),
+        (&lost.task, lost.attempt + 1, &lost.target, &lost.body),
+        "the unchanged request, to the same target"
+    );
+    let s = w.status(&alice, &message_id(&m)).result.unwrap();
+    assert_eq!(status_of(&s), "delivering");
+    // The answer of the lost attempt, were it to come now, is ignored.
+    w.outcome(a, &lost.task, lost.attempt, Outcome::Unknown);
+    w.carry(retry);
+    w.pump();
+    let s = w.status(&alice, &message_id(&m)).result.unwrap();
+    assert_eq!(status_of(&s), "target_accepted");
+    assert_eq!(w.record_count(1, &bob), 1);
+}

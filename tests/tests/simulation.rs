@@ -357,6 +357,8 @@ struct TaskModel {
     /// The latest attempt has been settled (an outcome fed while current, or its timeout ticked).
     resolved: bool,
     timeout_at: u64,
+    /// The source's clock when the latest attempt left.
+    sent_clock: u64,
     /// Some message.deliver attempt at `target` has an unknown result.
     uncertain: bool,
     /// A not_home_relay answer was fed for an attempt at `target`.
@@ -756,6 +758,10 @@ struct Sim {
     last_tick: Vec<u64>,
     same_clock_ticks: Vec<u32>,
     epoch: Vec<u32>,
+    /// Per relay: the clock at which its process last started (`Config::started_at`), and
+    /// whether a tick landed since (the one that takes older attempts as unknown).
+    started: Vec<u64>,
+    swept: Vec<bool>,
     notified: Vec<usize>,
     /// (relay, account) -> seq -> record.
     timelines: BTreeMap<(usize, usize), BTreeMap<u64, Seen>>,
@@ -820,6 +826,8 @@ impl Sim {
             last_tick: Vec::new(),
             same_clock_ticks: Vec::new(),
             epoch: Vec::new(),
+            started: Vec::new(),
+            swept: Vec::new(),
             notified: Vec::new(),
             timelines: BTreeMap::new(),
             seen_by: BTreeMap::new(),
@@ -952,6 +960,8 @@ impl Sim {
                 self.last_tick.push(0);
                 self.same_clock_ticks.push(0);
                 self.epoch.push(0);
+                self.started.push(0);
+                self.swept.push(false);
                 self.notified.push(0);
                 if n == first {
                     self.stats.relays += 1;
@@ -1553,6 +1563,7 @@ impl Sim {
                 self.same_clock_ticks[n] = 0;
             }
             self.last_tick[n] = clock;
+            self.swept[n] = true;
         }
     }
 
@@ -1861,6 +1872,10 @@ impl Sim {
     /// Node `n`'s engine restarts over its storage.
     fn restart(&mut self, n: usize) {
         let seed = self.rng.gen();
+        // As every host does: attempts in flight before now were carried by the old process.
+        self.w.nodes[n].config.started_at = Some(self.w.clock(n));
+        self.started[n] = self.w.clock(n);
+        self.swept[n] = false;
         self.w.nodes[n].restart(seed);
         let disk = self.disks[n].clone();
         self.engines[n] = self.engine_over(n, &disk);
@@ -2079,8 +2094,12 @@ impl Sim {
     /// Brings the model of a task up to date with its source's ticks (an attempt that timed out).
     fn settle(&mut self, task: &str, source: usize) {
         let last_tick = self.last_tick[source];
+        // An attempt sent before its source's process started is settled by the first tick
+        // after the start (or by its timeout, whichever comes first).
+        let (started, swept) = (self.started[source], self.swept[source]);
         if let Some(tm) = self.tasks.get_mut(task) {
-            if tm.latest > 0 && !tm.resolved && last_tick >= tm.timeout_at {
+            let orphaned = swept && tm.sent_clock < started;
+            if tm.latest > 0 && !tm.resolved && (last_tick >= tm.timeout_at || orphaned) {
                 tm.resolved = true;
                 tm.last_not_attempted = false;
                 if tm.method == Some(PeerMethod::Deliver) {
@@ -2212,6 +2231,7 @@ impl Sim {
         tm.last_not_attempted = false;
         // (Before the client learned the deadline: the engine bounds the timeout by it anyway.)
         tm.timeout_at = clock.saturating_add(timeout).min(deadline);
+        tm.sent_clock = clock;
         tm.attempts += 1;
         if tm.attempts > 5_000 {
             problem = Some("more than 5000 attempts: a request loop".to_string());

@@ -136,6 +136,11 @@ pub struct Config {
     pub revive_batch: usize,
     /// Which shard of the relay this engine is (one shard unless the host shards accounts).
     pub shard: super::shard::Shard,
+    /// When the process that carries this engine's attempts started (ms), if the host says:
+    /// an attempt in flight that left before then was carried by a process that is gone, so
+    /// its outcome is unknown at once rather than after `attempt_timeout`. A host sets it
+    /// once per process start and keeps it over trap recoveries (their attempts live on).
+    pub started_at: Option<u64>,
 }
 
 impl Config {
@@ -150,6 +155,7 @@ impl Config {
             tick_batch: 512,
             revive_batch: 64,
             shard: super::shard::Shard::SINGLE,
+            started_at: None,
         }
     }
 }
@@ -169,10 +175,12 @@ struct ConfigJson {
     tick_batch: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     shard: Option<super::shard::Shard>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    started_at: Option<u64>,
 }
 
 impl Config {
-    /// Parses `{relay, network, policies?, attempt_timeout?, max_in_flight_per_destination?, tick_batch?, shard?: {index, count}}`.
+    /// Parses `{relay, network, policies?, attempt_timeout?, max_in_flight_per_destination?, tick_batch?, shard?: {index, count}, started_at?}`.
     pub fn from_json(bytes: &[u8]) -> Result<Config, String> {
         let c: ConfigJson = serde_json::from_slice(bytes).map_err(|e| format!("config: {e}"))?;
         let relay = RelayId::parse(&c.relay).map_err(|e| format!("config relay: {e}"))?;
@@ -197,6 +205,7 @@ impl Config {
             cfg.shard = super::shard::Shard::new(s.index, s.count)
                 .map_err(|e| format!("config shard: {e}"))?;
         }
+        cfg.started_at = c.started_at;
         Ok(cfg)
     }
 
@@ -210,6 +219,7 @@ impl Config {
             max_in_flight_per_destination: Some(self.max_in_flight_per_destination),
             tick_batch: Some(self.tick_batch),
             shard: (self.shard != super::shard::Shard::SINGLE).then_some(self.shard),
+            started_at: self.started_at,
         })
         .unwrap_or_default()
     }

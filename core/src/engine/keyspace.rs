@@ -65,6 +65,10 @@ pub(crate) fn shard() -> Vec<u8> {
 pub(crate) fn rng() -> Vec<u8> {
     b"meta/rng".to_vec()
 }
+/// Engine metadata: how far the sweep of attempts orphaned by a restart got ([`super::records::SweepRec`]).
+pub(crate) fn orphan_sweep() -> Vec<u8> {
+    b"meta/orphans".to_vec()
+}
 /// How many accounts were ever registered here (for `max_accounts`).
 pub(crate) fn account_count() -> Vec<u8> {
     b"meta/accounts".to_vec()

@@ -327,3 +327,14 @@ mod tests {
         assert!(back.cert.is_empty() && back.cert.as_str().is_empty());
     }
 }
+
+/// How far the sweep of attempts orphaned by a restart got, for one process start.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct SweepRec {
+    /// The process start (`Config::started_at`) the sweep is for.
+    pub started_at: u64,
+    /// The last due key looked at.
+    pub after: Option<Vec<u8>>,
+    /// The whole window was looked at.
+    pub done: bool,
+}

@@ -4,9 +4,9 @@
 use super::context::Ctx;
 use super::keyspace as k;
 use super::metrics::Counters;
-use super::records::{TaskRec, TaskState};
+use super::records::{SweepRec, TaskRec, TaskState};
 use super::storage::Storage;
-use super::Entropy;
+use super::{Effect, Entropy};
 use crate::wire::canonical;
 use crate::wire::json::{Object, Value};
 use crate::Error;
@@ -129,19 +129,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
             match t.state {
                 TaskState::Done => {}
-                TaskState::InFlight => {
-                    Counters::bump(&mut self.counts.attempts, "timeout");
-                    let target = t.target.clone();
-                    self.release_slot(&target)?;
-                    let t = self.txn.get::<TaskRec>(&k::task(&id))?.unwrap_or(t);
-                    if self.now >= t.deadline {
-                        let mut t = t;
-                        t.last_error = Some("result_unknown".to_string());
-                        self.deadline_exceeded(&id, t)?;
-                    } else {
-                        self.unknown(&id, t)?;
-                    }
-                }
+                TaskState::InFlight => self.attempt_lost(&id, t)?,
                 TaskState::Parked => {
                     if self.now >= t.deadline {
                         self.txn.delete(k::parked(&t.target, t.park_order, &id));
@@ -152,6 +140,83 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
         }
         self.tick_entry = None;
+        self.sweep_orphans()
+    }
+
+    /// An attempt in flight whose answer will not come (its timeout passed, or the process
+    /// that carried it is gone): an unknown outcome, or the end if the deadline has passed.
+    fn attempt_lost(&mut self, id: &str, t: TaskRec) -> Result<(), Error> {
+        Counters::bump(&mut self.counts.attempts, "timeout");
+        let target = t.target.clone();
+        self.release_slot(&target)?;
+        let mut t = self.txn.get::<TaskRec>(&k::task(id))?.unwrap_or(t);
+        if self.now >= t.deadline {
+            t.last_error = Some("result_unknown".to_string());
+            self.deadline_exceeded(id, t)
+        } else {
+            self.unknown(id, t)
+        }
+    }
+
+    /// Attempts in flight that left before this process started (`Config::started_at`)
+    /// were carried by a process that is gone, so no answer will come: each is an unknown
+    /// outcome now, retried unchanged to the same target, rather than when its attempt
+    /// timeout passes. Their due entries lie in (now, started_at + attempt_timeout]; each
+    /// tick looks at one page of that window past a stored cursor (asking for another tick
+    /// at once while some is left), so the work per tick stays bounded and the sweep ends.
+    fn sweep_orphans(&mut self) -> Result<(), Error> {
+        let Some(started) = self.cfg.started_at else {
+            return Ok(());
+        };
+        let until = started.saturating_add(self.cfg.attempt_timeout);
+        if self.now >= until {
+            // Every such attempt's timeout has passed: the due entries above took them.
+            return Ok(());
+        }
+        let rec = self
+            .txn
+            .get::<SweepRec>(&k::orphan_sweep())?
+            .filter(|r| r.started_at == started);
+        if rec.as_ref().is_some_and(|r| r.done) {
+            return Ok(());
+        }
+        let mut from = k::due_until(self.now);
+        if let Some(mut after) = rec.and_then(|r| r.after) {
+            after.push(0);
+            from = from.max(after);
+        }
+        let page = self
+            .txn
+            .scan(&from, &k::due_until(until), self.cfg.tick_batch)?;
+        let done = page.len() < self.cfg.tick_batch;
+        let after = page.last().map(|(key, _)| key.clone());
+        for (key, _) in page {
+            let Some(id) = k::due_task(&key).map(str::to_string) else {
+                continue;
+            };
+            let Some(t) = self.txn.get::<TaskRec>(&k::task(&id))? else {
+                continue;
+            };
+            if t.state == TaskState::InFlight
+                && t.sent_at < started
+                && k::index_time(&key) == Some(t.next_at)
+            {
+                self.tick_entry = Some(key);
+                self.attempt_lost(&id, t)?;
+            }
+        }
+        self.tick_entry = None;
+        self.txn.put(
+            k::orphan_sweep(),
+            &SweepRec {
+                started_at: started,
+                after,
+                done,
+            },
+        );
+        if !done {
+            self.effects.push(Effect::WakeAt(self.now));
+        }
         Ok(())
     }
 
