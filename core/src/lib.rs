@@ -13,22 +13,31 @@
 //!
 //! ```
 //! use relay_core::engine::{Config, Engine, MemoryStore};
+//! use relay_core::transport::alarm::Alarm;
 //! use relay_core::transport::{Event, Fetch, Listener, Relay, Request, Step};
 //! use relay_core::wire::identity::RelayId;
 //!
-//! let config = Config::new(RelayId::parse("http://relay.example").unwrap(), "dev");
+//! let mut config = Config::new(RelayId::parse("http://relay.example").unwrap(), "dev");
+//! let now = 1_700_000_000_000; // the host's clock, in ms, passed in every call
+//! // When this process started: attempts in flight before it are unknown outcomes.
+//! config.started_at = Some(now);
 //! // The host's CSPRNG; a fixed fill here so the example replays.
 //! let entropy = |buf: &mut [u8]| buf.fill(7);
 //! let mut engine = Engine::new(config, MemoryStore::default(), entropy);
 //! engine.open_store().unwrap();
 //! let mut relay = Relay::new(engine, &[1; 32], Some("operator token"));
-//! let now = 1_700_000_000_000; // the host's clock, in ms, passed in every call
 //!
-//! // At start: tick once; its events say when to tick next.
-//! let mut wake = None;
-//! for e in relay.tick(now).events {
+//! // The one timer: tick at start; each tick's events say when to tick next. The host
+//! // sleeps `alarm.delay(now)`, then calls `alarm.fire()` and ticks again.
+//! let mut alarm = Alarm::new();
+//! let tick = relay.tick(now);
+//! match tick.error {
+//!     None => alarm.succeeded(),
+//!     Some(_) => _ = alarm.failed(now), // retried after a backoff, never in a tight loop
+//! }
+//! for e in tick.events {
 //!     if let Event::WakeAt(at) = e {
-//!         wake = Some(at);
+//!         alarm.wake_at(at);
 //!     }
 //! }
 //!
@@ -64,7 +73,7 @@
 //!         Event::Send(p) => {
 //!             let _later = relay.fetched(&p.task, p.attempt, Fetch::Unknown, now);
 //!         }
-//!         Event::WakeAt(at) => wake = Some(at),
+//!         Event::WakeAt(at) => _ = alarm.wake_at(at), // the earliest wins
 //!         // Push the frame to the account's WebSockets; close a revoked device's.
 //!         Event::Notify { .. } | Event::Close { .. } => {}
 //!         // For the log: a message accepted, a delivery ended (ids only).
@@ -73,7 +82,7 @@
 //!         Event::ShardCall { .. } => {}
 //!     }
 //! }
-//! let _ = wake;
+//! let _sleep_ms = alarm.delay(now);
 //! ```
 
 #![forbid(unsafe_code)]
