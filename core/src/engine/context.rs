@@ -31,6 +31,8 @@ pub(crate) struct Ctx<'a, S: Storage, E: Entropy> {
     pub tick_entry: Option<Vec<u8>>,
     /// What this operation did, counted if it commits.
     pub counts: super::metrics::Counters,
+    /// The sweep of attempts orphaned by a restart is over (kept by the engine if this commits).
+    pub orphans_swept: bool,
 }
 
 impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
@@ -56,6 +58,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             rescheduled: false,
             tick_entry: None,
             counts: Default::default(),
+            orphans_swept: false,
         }
     }
 

@@ -203,6 +203,9 @@ pub struct Engine<S: Storage, E: Entropy> {
     counters: metrics::Counters,
     crypto: Crypto,
     siblings: shard::Siblings,
+    /// The sweep of attempts orphaned by a restart is over (or not needed), as committed:
+    /// later ticks skip it without a read. A new engine (a trap recovery) looks once more.
+    orphans_swept: bool,
 }
 
 impl<S: Storage, E: Entropy> Engine<S, E> {
@@ -216,6 +219,7 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             counters: metrics::Counters::default(),
             crypto: Crypto::new(),
             siblings: shard::Siblings::default(),
+            orphans_swept: false,
         }
     }
 
@@ -537,11 +541,14 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
             &mut self.siblings,
             now,
         );
+        cx.orphans_swept = self.orphans_swept;
         let result = op(&mut cx);
         let counts = std::mem::take(&mut cx.counts);
+        let swept = cx.orphans_swept;
         let (result, effects) = cx.finish(result);
         if result.is_ok() {
             self.counters.merge(counts);
+            self.orphans_swept = swept;
         }
         Response { result, effects }
     }

@@ -165,12 +165,17 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// tick looks at one page of that window past a stored cursor (asking for another tick
     /// at once while some is left), so the work per tick stays bounded and the sweep ends.
     fn sweep_orphans(&mut self) -> Result<(), Error> {
+        if self.orphans_swept {
+            return Ok(());
+        }
         let Some(started) = self.cfg.started_at else {
+            self.orphans_swept = true;
             return Ok(());
         };
         let until = started.saturating_add(self.cfg.attempt_timeout);
         if self.now >= until {
             // Every such attempt's timeout has passed: the due entries above took them.
+            self.orphans_swept = true;
             return Ok(());
         }
         let rec = self
@@ -178,6 +183,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .get::<SweepRec>(&k::orphan_sweep())?
             .filter(|r| r.started_at == started);
         if rec.as_ref().is_some_and(|r| r.done) {
+            self.orphans_swept = true;
             return Ok(());
         }
         let mut from = k::due_until(self.now);
@@ -214,7 +220,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 done,
             },
         );
-        if !done {
+        if done {
+            self.orphans_swept = true;
+        } else {
             self.effects.push(Effect::WakeAt(self.now));
         }
         Ok(())
