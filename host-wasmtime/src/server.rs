@@ -354,11 +354,24 @@ async fn serve(
                 // the socket with 1009 before it is read.
                 let limit = app.max_request_bytes;
                 let origin = request.origin.clone();
+                // The socket joins the hub before the 101 is written: a notification
+                // committed after the client saw the upgrade finds it (queued until it runs).
+                let (out, rx) = crate::hub::Outbox::new(
+                    app.limits.ws_send_queue as usize,
+                    app.metrics.websockets_dropped.clone(),
+                );
+                let registered = Registered {
+                    id: app.hub.add(&u.account, &u.device_id, out.clone()),
+                    account: u.account.clone(),
+                    app: app.clone(),
+                };
                 return up
                     .max_message_size(limit)
                     .max_frame_size(limit)
                     .on_failed_upgrade(|e| tracing::debug!("websocket upgrade failed: {e}"))
-                    .on_upgrade(move |socket| serve_socket(app, shard, socket, u, origin))
+                    .on_upgrade(move |socket| {
+                        serve_socket(app, shard, socket, u, origin, (out, rx, registered))
+                    })
                     .into_response();
             }
             Step::Backup(path) => return backup(&app, shard, path).await,
@@ -446,14 +459,32 @@ fn close_code(e: axum::Error) -> Option<(u16, &'static str)> {
 /// answers, notifications and pings go out through a queue of `--ws-send-queue` messages
 /// (a client that lets it fill is dropped); a ping every `--ws-ping-interval`, and a socket
 /// from which nothing came since the last one is closed.
+/// A socket's place in the hub, given back when dropped: after the socket is served, or
+/// when its upgrade failed or never happened (the upgrade callback is dropped unrun).
+struct Registered {
+    app: Arc<App>,
+    account: String,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.app.hub.remove(&self.account, self.id);
+    }
+}
+
 async fn serve_socket(
     app: Arc<App>,
     shard: u32,
     socket: WebSocket,
     info: Upgrade,
     origin: Option<String>,
+    (out, mut rx, registered): (
+        crate::hub::Outbox,
+        tokio::sync::mpsc::Receiver<Outgoing>,
+        Registered,
+    ),
 ) {
-    use crate::hub::Outbox;
     use futures_util::{SinkExt, StreamExt};
     /// Takes the socket off `relay_open_websockets` however the task ends.
     struct Open(prometheus_client::metrics::gauge::Gauge);
@@ -465,11 +496,6 @@ async fn serve_socket(
     app.metrics.open_websockets.inc();
     let _open = Open(app.metrics.open_websockets.clone());
     let (mut sink, mut stream) = socket.split();
-    let (out, mut rx) = Outbox::new(
-        app.limits.ws_send_queue as usize,
-        app.metrics.websockets_dropped.clone(),
-    );
-    let conn = app.hub.add(&info.account, &info.device_id, out.clone());
     let expiry = tokio::time::sleep(std::time::Duration::from_millis(
         info.expires_at.saturating_sub(now_ms()),
     ));
@@ -579,7 +605,7 @@ async fn serve_socket(
             break;
         }
     }
-    app.hub.remove(&info.account, conn);
+    drop(registered);
     drop(out);
     if closed_cleanly {
         // The close frame goes out (briefly waited for); then the connection closes.
