@@ -448,3 +448,44 @@ fn an_attempt_in_flight_when_the_process_stopped_is_an_unknown_outcome_at_the_ne
     assert_eq!(status_of(&s), "target_accepted");
     assert_eq!(w.record_count(1, &bob), 1);
 }
+
+/// The sweep of attempts orphaned by a restart is bounded per tick (`tick_batch` due
+/// entries) and goes on past its cursor, tick after tick, until every orphan is taken.
+#[test]
+fn orphaned_attempts_are_swept_one_page_per_tick_until_none_is_left() {
+    let (mut w, a, _, alice, bob) = setup(49);
+    w.nodes[a].config.tick_batch = 2;
+    w.nodes[a].config.started_at = Some(w.clock(a));
+    w.nodes[a].restart(1);
+    let mut lost = Vec::new();
+    for i in 0..5 {
+        let m = w.message(&alice, 0, &bob, &format!("m{i}"), &Msg::default());
+        w.send(&alice, 0, &m).result.unwrap();
+        lost.extend(w.take_outbox());
+    }
+    assert_eq!(lost.len(), 5, "five attempts in flight");
+    w.now += 1_000;
+    w.nodes[a].config.started_at = Some(w.clock(a));
+    w.nodes[a].restart(2);
+    // Each tick takes at most one page; the sweep asks for the next tick at once.
+    for _ in 0..6 {
+        w.tick(a);
+    }
+    assert!(w.outbox.is_empty(), "retries wait for their backoff");
+    w.now += RETRY_INITIAL;
+    w.tick(a);
+    w.tick(a);
+    w.tick(a);
+    let mut retried: Vec<(String, u32)> = w
+        .take_outbox()
+        .into_iter()
+        .map(|r| (r.task, r.attempt))
+        .collect();
+    retried.sort();
+    let mut want: Vec<(String, u32)> = lost
+        .iter()
+        .map(|r| (r.task.clone(), r.attempt + 1))
+        .collect();
+    want.sort();
+    assert_eq!(retried, want, "every orphan retried once");
+}
