@@ -19,7 +19,7 @@ use relay_tests::live::client::{
     code_of, decrypt, status_of, str_of, u64_of, Client, Socket, User,
 };
 use relay_tests::live::host::{Kind, Opts, Relay};
-use relay_tests::live::proxy::{now_ms, Chaos, Fault, Proxy};
+use relay_tests::live::proxy::{now_ms, Chaos, Fault, Hit, Proxy};
 use relay_tests::{field, Msg};
 use std::time::Duration;
 
@@ -168,6 +168,21 @@ fn verify_pair(c: &Client, (alice, bob): (&User, &User), a: &Proxied, b: &Proxie
         100,
         WAIT,
     );
+}
+
+/// After retries of `p` (B's proxy saw `hits`): every retry was unchanged, bob received the
+/// message once, and every invariant holds.
+fn retried_unchanged_and_accepted_once(d: &Duo, p: &Object, hits: &[Hit]) {
+    assert!(
+        hits.windows(2).all(|w| w[0].body == w[1].body),
+        "retries are unchanged"
+    );
+    assert_eq!(
+        received(&d.c, &d.bob, &message_id(p)).len(),
+        1,
+        "accepted once"
+    );
+    verify_pair(&d.c, (&d.alice, &d.bob), &d.a, &d.b, &[p]);
 }
 
 fn message_id(p: &Object) -> String {
@@ -702,35 +717,21 @@ every_pair!(seed_rate_limited_waits_retry_after);
 /// past the timeout leaves receipt unknown; the source retries the unchanged
 /// message.deliver to the same target, and the destination accepts it once.
 fn seed_unknown_outcomes_retried_unchanged_to_the_same_target(ka: Kind, kb: Kind) {
-    let Duo {
-        a,
-        b,
-        mut c,
-        alice,
-        bob,
-    } = duo(ka, kb, Opts::default(), Opts::default(), 9);
-    b.proxy.script(&[
+    let mut d = duo(ka, kb, Opts::default(), Opts::default(), 9);
+    d.b.proxy.script(&[
         Fault::DropResponse,
         Fault::Delay(2_500),
         Fault::Reset,
         Fault::DropRequest,
         Fault::Unavailable,
     ]);
-    let p = c.message(&alice, &bob, "are you there", &Msg::default());
-    let st = deliver_and_wait(&c, &alice, &p);
+    let p =
+        d.c.message(&d.alice, &d.bob, "are you there", &Msg::default());
+    let st = deliver_and_wait(&d.c, &d.alice, &p);
     assert_eq!(status_of(&st), "target_accepted", "{st:?}");
-    let hits = b.proxy.wait_delivers(&message_id(&p), 6);
+    let hits = d.b.proxy.wait_delivers(&message_id(&p), 6);
     assert_eq!(hits.len(), 6, "{hits:?}");
-    assert!(
-        hits.windows(2).all(|w| w[0].body == w[1].body),
-        "retries are unchanged"
-    );
-    assert_eq!(
-        received(&c, &bob, &message_id(&p)).len(),
-        1,
-        "accepted once"
-    );
-    verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
+    retried_unchanged_and_accepted_once(&d, &p, &hits);
 }
 every_pair!(seed_unknown_outcomes_retried_unchanged_to_the_same_target);
 
@@ -740,31 +741,20 @@ every_pair!(seed_unknown_outcomes_retried_unchanged_to_the_same_target);
 /// the destination accepts the message once. The source's host reads the answer, so the
 /// scenario runs once per host.
 fn an_answer_over_the_cap_is_an_unknown_outcome(k: Kind) {
-    let Duo {
-        a,
-        b,
-        mut c,
-        alice,
-        bob,
-    } = duo(k, k, Opts::default(), Opts::default(), 21);
-    b.proxy.script(&[Fault::Oversized]);
-    let p = c.message(&alice, &bob, "a long answer", &Msg::default());
-    let st = deliver_and_wait(&c, &alice, &p);
+    let mut d = duo(k, k, Opts::default(), Opts::default(), 21);
+    d.b.proxy.script(&[Fault::Oversized]);
+    let p =
+        d.c.message(&d.alice, &d.bob, "a long answer", &Msg::default());
+    let st = deliver_and_wait(&d.c, &d.alice, &p);
     assert_eq!(status_of(&st), "target_accepted", "{st:?}");
-    let hits = b.proxy.wait_delivers(&message_id(&p), 2);
+    let hits = d.b.proxy.wait_delivers(&message_id(&p), 2);
     let faults: Vec<Fault> = hits.iter().map(|h| h.fault).collect();
     assert_eq!(
         faults,
         [Fault::Oversized, Fault::Pass],
         "the oversized answer was taken as a result"
     );
-    assert_eq!(hits[0].body, hits[1].body, "the retry is unchanged");
-    assert_eq!(
-        received(&c, &bob, &message_id(&p)).len(),
-        1,
-        "accepted once"
-    );
-    verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
+    retried_unchanged_and_accepted_once(&d, &p, &hits);
 }
 every_host!(an_answer_over_the_cap_is_an_unknown_outcome);
 
@@ -849,35 +839,24 @@ fn an_attempt_in_flight_at_a_crash_is_retried_at_the_next_start(k: Kind) {
         attempt_timeout: 120_000,
         ..Opts::default()
     };
-    let Duo {
-        mut a,
-        b,
-        mut c,
-        alice,
-        bob,
-    } = duo(k, k, slow, Opts::default(), 23);
-    b.proxy.script(&[Fault::Delay(3_000)]);
-    let p = c.message(&alice, &bob, "in flight at the crash", &Msg::default());
-    let (s, v) = c.send(&alice, &p);
+    let mut d = duo(k, k, slow, Opts::default(), 23);
+    d.b.proxy.script(&[Fault::Delay(3_000)]);
+    let p =
+        d.c.message(&d.alice, &d.bob, "in flight at the crash", &Msg::default());
+    let (s, v) = d.c.send(&d.alice, &p);
     assert_eq!((s, status_of(&v).as_str()), (200, "delivering"), "{v:?}");
     // The proxy holds the first attempt; the source dies with it in flight.
     std::thread::sleep(Duration::from_millis(500));
-    a.relay.restart();
-    let st = c.wait_terminal(&alice, &message_id(&p), WAIT);
+    d.a.relay.restart();
+    let st = d.c.wait_terminal(&d.alice, &message_id(&p), WAIT);
     assert_eq!(status_of(&st), "target_accepted", "{st:?}");
-    let hits = b.proxy.wait_delivers(&message_id(&p), 2);
+    let hits = d.b.proxy.wait_delivers(&message_id(&p), 2);
     assert_eq!(
         hits.len(),
         2,
         "one attempt lost with the process, one retry"
     );
-    assert_eq!(hits[0].body, hits[1].body, "the retry is unchanged");
-    assert_eq!(
-        received(&c, &bob, &message_id(&p)).len(),
-        1,
-        "accepted once"
-    );
-    verify_pair(&c, (&alice, &bob), &a, &b, &[&p]);
+    retried_unchanged_and_accepted_once(&d, &p, &hits);
 }
 every_host!(an_attempt_in_flight_at_a_crash_is_retried_at_the_next_start);
 
