@@ -37,8 +37,9 @@ use tokio::sync::watch;
 
 /// Connecting (TCP, then TLS) may take at most this long before the attempt counts as not made.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The whole exchange may take at most this long before its outcome counts as unknown.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(20);
+/// The whole exchange may take at most this long before its outcome counts as unknown
+/// (the core's bound; a step's own `timeout_ms` is shorter).
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(relay_core::transport::MAX_EXCHANGE_MS);
 
 /// Where this relay may connect: the core's rules (`transport::address`) for its network.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -85,14 +85,16 @@ pub fn refused_url(url: &str, network: &str, allow_private: bool) -> Option<Stri
         Some((s @ ("http" | "https"), rest)) => (s, rest),
         _ => return Some(format!("{url}: not an http or https URL")),
     };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let origin = format!("{scheme}://{authority}");
     if network == "dev" {
         return None;
     }
+    // Called for every outbound exchange: the origin is spelled only for a refusal.
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let origin = || format!("{scheme}://{authority}");
     if scheme != "https" {
         return Some(format!(
-            "{origin}: relays off the dev network are reached over https only"
+            "{}: relays off the dev network are reached over https only",
+            origin()
         ));
     }
     if allow_private {
@@ -108,11 +110,14 @@ pub fn refused_url(url: &str, network: &str, allow_private: bool) -> Option<Stri
         Ok(ip) => ip,
         Err(_) => match url_ipv4(bare)? {
             Some(v4) => IpAddr::V4(v4),
-            None => return Some(format!("{origin}: {host} is not a valid IPv4 address")),
+            None => return Some(format!("{}: {host} is not a valid IPv4 address", origin())),
         },
     };
     refused(ip).map(|why| {
-        format!("{origin}: {host} is {why} (--allow-private-peers lifts the address check)")
+        format!(
+            "{}: {host} is {why} (--allow-private-peers lifts the address check)",
+            origin()
+        )
     })
 }
 
