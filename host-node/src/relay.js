@@ -273,8 +273,8 @@ export class Relay extends EventEmitter {
       this.log.warn(`tick could not commit: ${t.error}; it runs again`);
       this.#failed();
     } else this.alarm.succeeded();
+    // The tick's wake-up arms the timer (`#schedule`); with none, it stays disarmed.
     this.#run(t.events);
-    this.#arm();
   }
 
   /** A tick or commit failed (storage busy): the alarm retries with its backoff. */
