@@ -115,7 +115,7 @@ export function capnp(s, at) {
     relay: at.url,
     network: s.network,
     policies: s.policies,
-    ...(s.attemptTimeout != null ? { attempt_timeout: s.attemptTimeout } : {}),
+    ...s.engine,
     shards: s.shards,
     allow_private_peers: s.allowPrivatePeers,
     probe_peers: s.probePeers,

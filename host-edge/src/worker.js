@@ -5,7 +5,8 @@
 //
 // Bindings (the same locally, from `relay-edge serve`, and in wrangler.jsonc):
 // - RELAY: the Durable Object namespace of `RelayShard`;
-// - CONFIG (JSON): {relay, network, policies, attempt_timeout?, shards, allow_private_peers?, probe_peers?};
+// - CONFIG (JSON): {relay, network, policies, attempt_timeout?, max_in_flight_per_destination?, shards,
+//   allow_private_peers?, probe_peers?};
 // - RELAY_KEY, ADMIN_TOKEN (secrets): the relay key's 32-byte seed and the operator token, base64url;
 // - DOOR: "admin" on the Worker that serves the operator API (`/admin/v1/...`, `/metrics`);
 //   absent on the public one.
@@ -16,6 +17,8 @@ import { Alarm, RelayCore, REQUEST_HEADERS, generation, reset, stepOf, uncommitt
 import { SqlStore, ShardIndex } from './store.js';
 
 const EMPTY = new Uint8Array(0);
+/** The keys of CONFIG that are the engine's own options (relay-settings' `Engine`). */
+const ENGINE_KEYS = ['attempt_timeout', 'max_in_flight_per_destination'];
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 /** The headers that carry, from the Worker to an object, what only the Worker knows. */
@@ -49,7 +52,8 @@ function settingsOf(env) {
     relay: String(c.relay),
     network: String(c.network ?? 'dev'),
     policies: c.policies ?? {},
-    attemptTimeout: c.attempt_timeout,
+    // The engine's own options, passed to the core as they are.
+    engine: Object.fromEntries(ENGINE_KEYS.filter((k) => c[k] !== undefined).map((k) => [k, c[k]])),
     shards: Math.max(1, Number(c.shards ?? 1)),
     allowPrivatePeers: c.allow_private_peers === true,
     probePeers: c.probe_peers !== false,
@@ -238,7 +242,7 @@ export class RelayShard extends DurableObject {
       policies: s.policies,
       // Attempts in flight before this object started were carried by an instance that is gone.
       started_at: this.startedAt,
-      ...(s.attemptTimeout !== undefined ? { attempt_timeout: s.attemptTimeout } : {}),
+      ...s.engine,
       ...(s.shards > 1 ? { shard: { index: k, count: s.shards } } : {}),
     };
     try {

@@ -96,11 +96,11 @@ async function metrics(data) {
 }
 
 test('relay-edge serve takes the flags of relay serve that apply on workerd', () => {
-  const s = parseArgs(['--listen', '127.0.0.1:9100', '--policy', 'clock_tolerance=1000', '--shards', '4', '--attempt-timeout', '1500', '--allow-private-peers']);
+  const s = parseArgs(['--listen', '127.0.0.1:9100', '--policy', 'clock_tolerance=1000', '--shards', '4', '--attempt-timeout', '1500', '--max-in-flight-per-destination', '3', '--allow-private-peers']);
   assert.equal(s.listen, '127.0.0.1:9100');
   assert.deepEqual(s.policies, { clock_tolerance: 1000 });
   assert.equal(s.shards, 4);
-  assert.equal(s.attemptTimeout, 1500);
+  assert.deepEqual(s.engine, { attempt_timeout: 1500, max_in_flight_per_destination: 3 });
   assert.equal(s.allowPrivatePeers, true);
   assert.equal(parseArgs([]).data, '.relay-edge');
   assert.equal(parseArgs([]).adminListen, '127.0.0.1:0');

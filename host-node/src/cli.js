@@ -11,8 +11,8 @@ import { parseCommand } from '../pkg/relay_settings.js';
 /**
  * What `serve` is given: the settings of `relay serve` (camelCase), the policies as given.
  * @typedef {{listen: string, adminListen: string, logFormat: 'text' | 'json', url: string | null, data: string | null,
- *   network: string, policies: Record<string, number>, component: string | null, attemptTimeout: number | null,
- *   maxInFlightPerDestination: number | null, limits: Record<string, number>, tlsCert: string | null, tlsKey: string | null,
+ *   network: string, policies: Record<string, number>, component: string | null,
+ *   engine: {attempt_timeout?: number, max_in_flight_per_destination?: number}, limits: Record<string, number>, tlsCert: string | null, tlsKey: string | null,
  *   ca: string[], allowPrivatePeers: boolean, shards: number, probePeers: boolean}} Settings
  */
 /**
@@ -125,7 +125,6 @@ export async function main(argv) {
   const log = new Log({ format: s.logFormat });
   const { host, port } = parseAddr(s.listen);
   const url = s.url ?? `${s.tlsCert ? 'https' : 'http'}://${s.listen}`;
-  const engine = s.attemptTimeout != null ? { attempt_timeout: s.attemptTimeout } : undefined;
   let tls = {};
   let ca;
   try {
@@ -136,7 +135,7 @@ export async function main(argv) {
     return 1;
   }
   const opts = {
-    relay: url, network: s.network, policies: s.policies, data: s.data ?? undefined, engine, adminListen: s.adminListen, logFormat: s.logFormat,
+    relay: url, network: s.network, policies: s.policies, data: s.data ?? undefined, engine: s.engine, adminListen: s.adminListen, logFormat: s.logFormat,
     allowPrivatePeers: s.allowPrivatePeers, ...(ca ? { ca } : {}),
   };
   const threaded = process.env.RELAY_NODE_THREAD !== '0';

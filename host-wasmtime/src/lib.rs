@@ -536,10 +536,10 @@ pub async fn start_with(
     let relay = RelayId::parse(&url).map_err(|e| anyhow::anyhow!("--url {url}: {e}"))?;
     let mut config = Config::new(relay.clone(), &settings.network);
     config.policies = settings.policies.clone();
-    if let Some(t) = settings.attempt_timeout {
+    if let Some(t) = settings.engine.attempt_timeout {
         config.attempt_timeout = t;
     }
-    if let Some(m) = settings.max_in_flight_per_destination {
+    if let Some(m) = settings.engine.max_in_flight_per_destination {
         config.max_in_flight_per_destination = m;
     }
     // Attempts in flight before now were carried by a process that is gone; a trap

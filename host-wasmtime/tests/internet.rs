@@ -766,7 +766,7 @@ async fn relay_request(r: &Running, claimed: &str, ts: u64) -> (u16, Value) {
 /// flight, and beyond them the answer is 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_fetches_for_relay_requests_are_limited() {
-    let r = relay(|s| s.attempt_timeout = Some(3_000)).await;
+    let r = relay(|s| s.engine.attempt_timeout = Some(3_000)).await;
     let (port, seen) = counting_server(false).await;
     let claimed = format!("http://127.0.0.1:{port}");
     for _ in 0..20 {

@@ -17,7 +17,7 @@ mod admin;
 mod serve;
 
 pub use admin::{Admin, AdminCall, AdminCommand, DeliveryState};
-pub use serve::{LogFormat, Settings};
+pub use serve::{Engine, LogFormat, Settings};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::Path;

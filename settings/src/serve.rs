@@ -59,10 +59,9 @@ pub struct Settings {
     pub policy: BTreeMap<String, u64>,
     /// The core component (wasmtime host); default: next to the binary, then `target/component/`.
     pub component: Option<PathBuf>,
-    /// How long an outbound delivery attempt may take before its outcome is unknown (ms).
-    pub attempt_timeout: Option<u64>,
-    /// At most this many attempts in flight to one destination (engine default when `None`).
-    pub max_in_flight_per_destination: Option<u32>,
+    /// The engine's own options, by the keys of the core's configuration JSON: every host
+    /// passes them to the core as they are.
+    pub engine: Engine,
     /// Timeouts, connection caps and queue bounds of the transports.
     #[serde(serialize_with = "limits_in_order")]
     pub limits: Limits,
@@ -80,6 +79,19 @@ pub struct Settings {
     /// Probe a peer with a bare connect before each fetch (edge host: it tells a refused
     /// connection, not attempted, from a reset one, unknown).
     pub probe_peers: bool,
+}
+
+/// The options of the delivery engine a relay's operator sets (`relay_core::engine::Config`'s
+/// keys; `None` keeps the engine's default). Serialized with the core's own key names, so a
+/// JavaScript host splices them into the configuration it hands the core.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Engine {
+    /// How long an outbound delivery attempt may take before its outcome is unknown (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout: Option<u64>,
+    /// At most this many attempts in flight to one destination relay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight_per_destination: Option<u32>,
 }
 
 impl Default for Settings {
@@ -105,8 +117,7 @@ impl Settings {
             policies: Policies::default(),
             policy: BTreeMap::new(),
             component: None,
-            attempt_timeout: None,
-            max_in_flight_per_destination: None,
+            engine: Engine::default(),
             limits: Limits::default(),
             tls_cert: None,
             tls_key: None,
@@ -182,7 +193,10 @@ impl Settings {
             self.component = Some(PathBuf::from(c));
         }
         if l.attempt_timeout.is_some() {
-            self.attempt_timeout = l.attempt_timeout;
+            self.engine.attempt_timeout = l.attempt_timeout;
+        }
+        if l.max_in_flight_per_destination.is_some() {
+            self.engine.max_in_flight_per_destination = l.max_in_flight_per_destination;
         }
         for (limit, v) in LIMITS.iter().zip(limits) {
             if let Some(v) = v {
@@ -291,6 +305,10 @@ pub(crate) struct Layer {
     /// How long an outbound delivery attempt may take before its outcome is unknown (ms).
     #[arg(long, value_name = "MS", value_parser = milliseconds)]
     attempt_timeout: Option<u64>,
+    /// At most N delivery attempts in flight to one destination relay; more wait their
+    /// turn [default: 16].
+    #[arg(long, value_name = "N", value_parser = positive_u32)]
+    max_in_flight_per_destination: Option<u32>,
     /// The admin listener: the operator API, /metrics and health checks (default
     /// 127.0.0.1:0, loopback on a port the system picks; its URL goes to DATA/admin.url).
     #[arg(long, value_name = "ADDR")]

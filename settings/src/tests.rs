@@ -265,3 +265,37 @@ fn admin_commands_make_the_call_the_relay_expects() {
         matches!(parse(Host::Wasmtime, ["--version"], no_file), Ok(Parsed::Print(v)) if v.starts_with("relay "))
     );
 }
+
+#[test]
+fn the_engine_options_reach_the_core_under_its_own_keys() {
+    let file = "attempt_timeout = 1500\nmax_in_flight_per_destination = 2\n";
+    let argv = ["--config", "r.toml", "--max-in-flight-per-destination", "4"];
+    for host in [Host::Wasmtime, Host::Node, Host::Edge] {
+        let argv = if host == Host::Edge {
+            &argv[2..]
+        } else {
+            &argv[..]
+        };
+        let s = serve_with(host, argv, file).unwrap();
+        assert_eq!(s.engine.max_in_flight_per_destination, Some(4), "{host:?}");
+    }
+    let s = serve_with(Host::Node, &argv, file).unwrap();
+    assert_eq!(
+        s.engine,
+        Engine {
+            attempt_timeout: Some(1500),
+            max_in_flight_per_destination: Some(4)
+        }
+    );
+    // What a JavaScript host splices into the configuration it hands the core.
+    let mut config = serde_json::to_value(&s).unwrap()["engine"].clone();
+    config["relay"] = "http://127.0.0.1:8080".into();
+    config["network"] = "dev".into();
+    let c = relay_core::engine::Config::from_json(config.to_string().as_bytes()).unwrap();
+    assert_eq!(
+        (c.attempt_timeout, c.max_in_flight_per_destination),
+        (1500, 4)
+    );
+    let e = serve(Host::Edge, &["--max-in-flight-per-destination", "0"]).unwrap_err();
+    assert!(e.contains("positive integer"), "{e}");
+}
