@@ -689,6 +689,18 @@ impl RelayCore {
         socket::busy_frame(text)
     }
 
+    /// The answer frame to a WebSocket message whose call was lost before it committed.
+    #[wasm_bindgen(js_name = uncommittedFrame)]
+    pub fn uncommitted_frame(text: &str) -> String {
+        socket::uncommitted_frame(text)
+    }
+
+    /// How many times a host carries out a step (`fetch`, `route`) for one request or frame
+    /// before it answers `busy` (or `busyFrame`) instead.
+    pub fn rounds() -> u32 {
+        relay_core::transport::ROUNDS as u32
+    }
+
     /// The transport limits every host enforces: JSON `[{"name", "default", "unit"}]`.
     #[wasm_bindgen(js_name = transportLimits)]
     pub fn transport_limits() -> String {

@@ -59,14 +59,10 @@ export function headerText(h) {
 }
 
 /**
- * The shard (of `count`) a request belongs to, as the core decides it; 0 while the core has
- * no shards (`RelayCore.shardOf` absent) or the relay has one.
+ * The shard (of `count`) a request belongs to, as the core decides it; 0 when the relay has one.
  * @param {boolean} admin @param {string} method @param {string} path @param {string} query @param {string} headers @param {Uint8Array} body @param {number} count
  */
 export function shardOf(admin, method, path, query, headers, body, count) {
-  if (count <= 1 || typeof RelayCore.shardOf !== 'function') return 0;
+  if (count <= 1) return 0;
   return RelayCore.shardOf(admin, method, path, query, headers, body, count);
 }
-
-/** Whether this core can run a relay over several shards. */
-export const SHARDS_SUPPORTED = typeof RelayCore.shardOf === 'function';

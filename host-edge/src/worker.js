@@ -17,6 +17,7 @@ import { Alarm, RelayCore, REQUEST_HEADERS, generation, reset, stepOf, uncommitt
 import { SqlStore, ShardIndex } from './store.js';
 
 const EMPTY = new Uint8Array(0);
+const ROUNDS = RelayCore.rounds();
 /** The keys of CONFIG that are the engine's own options (relay-settings' `Engine`). */
 const ENGINE_KEYS = ['attempt_timeout', 'max_in_flight_per_destination'];
 const encoder = new TextEncoder();
@@ -330,11 +331,11 @@ export class RelayShard extends DurableObject {
     for (let round = 0; ; round += 1) {
       const out = this.#call((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, Date.now()), null);
       const s = out === null ? uncommitted() : stepOf(out);
-      if ('fetch' in s && round < 3) {
+      if ('fetch' in s && round < ROUNDS) {
         await this.#fetchKey(s.fetch);
         continue;
       }
-      if ('route' in s && round < 3) {
+      if ('route' in s && round < ROUNDS) {
         await this.#fetchRoute(s.route);
         continue;
       }
@@ -342,7 +343,7 @@ export class RelayShard extends DurableObject {
       if ('backup' in s) {
         return answer(404, errorBody('not_found', 'backup: the edge host keeps no database file of its own; Durable Object storage is backed up by the platform'));
       }
-      // Still waiting after three rounds: as when the work for the core is full.
+      // Still waiting after every round: nothing was accepted, retry in a second.
       if (!('status' in s)) return stepOf(RelayCore.busy());
       this.#run(s.effects);
       return s;
@@ -424,17 +425,18 @@ export class RelayShard extends DurableObject {
     for (let round = 0; ; round += 1) {
       const out = this.#call((c) => c.message(a.token, a.origin ?? null, textOf, Date.now()), null);
       if (out === null) {
-        // The call was lost: the frame's id, as the core reads it, with the `internal` error.
-        const f = JSON.parse(RelayCore.busyFrame(textOf));
-        f.error = JSON.parse(decoder.decode(uncommitted().body)).error;
-        trySend(ws, JSON.stringify(f));
+        trySend(ws, RelayCore.uncommittedFrame(textOf));
         return;
       }
       const nl = out.indexOf('\n');
       const head = nl === 0 ? {} : JSON.parse(out.slice(0, nl));
-      if (head.route && round < 3) {
+      if (head.route && round < ROUNDS) {
         await this.#fetchRoute(head.route);
         continue;
+      }
+      if (head.route) {
+        trySend(ws, RelayCore.busyFrame(textOf));
+        return;
       }
       trySend(ws, out.slice(nl + 1));
       if (head.close) ws.close(head.close[0], head.close[1]);

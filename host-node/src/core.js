@@ -74,6 +74,8 @@ export const newAlarm = () => (core(), new statics.Alarm());
 export const busyAnswer = () => /** @type {Answer} */ (stepOf(core().busy()));
 /** The answer frame to a WebSocket message when the work waiting for the core is full. @param {string} text */
 export const busyFrame = (text) => core().busyFrame(text);
+/** How many times a step (`fetch`, `route`) is carried out for one request before it is answered busy. */
+export const rounds = () => core().rounds();
 /** The request headers the core reads (lowercase): a host passes only these. @type {() => string[]} */
 export const requestHeaders = () => core().requestHeaders().split(',');
 /**
@@ -274,12 +276,7 @@ export class Core {
    */
   message(token, origin, text, now) {
     const s = this.guard((c) => c.message(token, origin, text, now), null);
-    if (s === null) {
-      // The frame's id, as the core reads it, on the answer of a call that was lost.
-      const f = JSON.parse(core().busyFrame(text));
-      f.error = JSON.parse(decoder.decode(uncommitted().body)).error;
-      return { text: JSON.stringify(f) };
-    }
+    if (s === null) return { text: core().uncommittedFrame(text) };
     const nl = s.indexOf('\n');
     return nl === 0 ? { text: s.slice(1) } : { ...JSON.parse(s.slice(0, nl)), text: s.slice(nl + 1) };
   }

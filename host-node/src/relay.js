@@ -8,7 +8,7 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, busyAnswer, maxAnswer, newAlarm } from './core.js';
+import { Core, busyAnswer, maxAnswer, newAlarm, rounds } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { RelayMetrics } from './metrics.js';
@@ -41,6 +41,7 @@ function warnOpen(data, log) {
 
 /** Largest answer read from a peer (the core's): a longer one is an unknown outcome. */
 const MAX_ANSWER = maxAnswer();
+const ROUNDS = rounds();
 /** Errors thrown by a peer exchange that prove the request never left. */
 const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', REFUSED_CODE]);
 
@@ -180,7 +181,7 @@ export class Relay extends EventEmitter {
       this.coreCalls += 1;
       const seq = this.fetchSeq;
       const s = await this.core.handle(req, Date.now());
-      if ('fetch' in s && round < 3) {
+      if ('fetch' in s && round < ROUNDS) {
         // The answer waits for its commit group: a fetch the core said to wait for may have
         // ended meanwhile. Then it goes in again at once, rather than fetching a second time.
         if ((this.fetchedAt.get(s.fetch.relay) ?? -1) < seq || this.keyFetches.has(s.fetch.relay)) await this.#fetchKey(s.fetch);
@@ -188,6 +189,7 @@ export class Relay extends EventEmitter {
       }
       if ('upgrade' in s) return s;
       if ('backup' in s) return this.#backup(s.backup);
+      // Still waiting after every round: nothing was accepted, retry in a second.
       if (!('status' in s)) return { ...busyAnswer() };
       this.#run(s.effects);
       return { status: s.status, headers: s.headers, body: s.body };

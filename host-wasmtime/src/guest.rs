@@ -618,15 +618,19 @@ pub fn uncommitted_response() -> HttpResponse {
     }
 }
 
-/// The answer to WebSocket message `text` after a trap or a failed group commit.
-pub fn uncommitted_answer(text: &str) -> WsAnswer {
-    use relay_core::transport::{http, socket};
+/// An answer frame the host sends for the core, with nothing more to do.
+pub fn text_answer(text: String) -> WsAnswer {
     WsAnswer {
-        text: socket::answer_frame(socket::frame_id(text), 500, http::UNCOMMITTED),
+        text,
         close: None,
         events: Vec::new(),
         route: None,
     }
+}
+
+/// The answer to WebSocket message `text` after a trap or a failed group commit.
+pub fn uncommitted_answer(text: &str) -> WsAnswer {
+    text_answer(relay_core::transport::socket::uncommitted_frame(text))
 }
 
 #[cfg(test)]

@@ -24,11 +24,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// How many times one request may wait for a key fetch the core asked for before it is
-/// refused (the core's key book bounds fetches; this bounds a request that keeps asking,
-/// as after a trap that forgot the book).
-const KEY_ROUNDS: usize = 3;
-
 /// The relay's public port: everything goes to the core (which answers 404 for what is not
 /// a route), but health checks.
 pub fn router(app: Arc<App>) -> Router {
@@ -317,7 +312,7 @@ async fn serve(
     let request = HttpRequest::from(request);
     let shard = app.shard_of(&request);
     let request = Arc::new(request);
-    let (mut rounds, mut route_rounds) = (0, 0);
+    let mut rounds = 0;
     loop {
         let (r, s) = (request.clone(), sending.clone());
         app.core_calls.fetch_add(1, Ordering::Relaxed);
@@ -336,15 +331,9 @@ async fn serve(
                 app.dispatch(shard, events);
                 return core_response(r);
             }
-            Step::FetchKey(k) if rounds < KEY_ROUNDS => {
+            Step::FetchKey(k) if rounds < transport::ROUNDS => {
                 rounds += 1;
                 crate::outbound::fetch_key(&app, shard, k).await;
-            }
-            Step::FetchKey(_) => {
-                return native_response(transport::Response::fail(
-                    relay_core::ErrorCode::Unauthenticated,
-                    "could not fetch the source relay's key",
-                ))
             }
             Step::Upgrade(u) => {
                 let Some(up) = upgrade else {
@@ -375,16 +364,12 @@ async fn serve(
                     .into_response();
             }
             Step::Backup(path) => return backup(&app, shard, path).await,
-            Step::FetchRoute(w) if route_rounds < KEY_ROUNDS => {
-                route_rounds += 1;
+            Step::FetchRoute(w) if rounds < transport::ROUNDS => {
+                rounds += 1;
                 sibling_route(&app, shard, w).await;
             }
-            Step::FetchRoute(_) => {
-                return native_response(transport::Response::fail(
-                    relay_core::ErrorCode::Unavailable,
-                    "the shard holding the recipient's route did not answer; retry",
-                ))
-            }
+            // Still waiting after every round: nothing was accepted, retry in a second.
+            Step::FetchKey(_) | Step::FetchRoute(_) => return busy_response(),
         }
     }
 }
@@ -588,11 +573,11 @@ async fn serve_socket(
                 .unwrap_or_else(|| crate::guest::uncommitted_answer(&text));
             match answer.route {
                 // The frame waits for a sibling shard's route: ask it, then pass it again.
-                Some(w) if route_rounds < KEY_ROUNDS => {
+                Some(w) if route_rounds < transport::ROUNDS => {
                     route_rounds += 1;
                     sibling_route(&app, shard, w).await;
                 }
-                Some(_) => break crate::guest::uncommitted_answer(&text),
+                Some(_) => break crate::guest::text_answer(socket::busy_frame(&text)),
                 None => break answer,
             }
         };

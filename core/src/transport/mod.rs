@@ -104,6 +104,13 @@ pub enum Event {
     },
 }
 
+/// How many times a host carries out a step for one request or frame (a key fetch, a
+/// sibling shard's route) and submits it again. A request still waiting after that is
+/// answered [`Response::busy`] (a frame, [`socket::busy_frame`]): nothing was accepted, retry
+/// in a second. The core's books bound the fetches; this bounds a request that keeps asking,
+/// as after a trap that forgot them.
+pub const ROUNDS: usize = 3;
+
 /// What the core makes of a request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {

@@ -96,6 +96,12 @@ pub fn busy_frame(text: &str) -> String {
     answer_frame(frame_id(text), 503, super::http::BUSY)
 }
 
+/// The answer frame to `text` when its call was lost before it committed (a trap, a failed
+/// group commit): `internal`, nothing was accepted, so a retry is safe.
+pub fn uncommitted_frame(text: &str) -> String {
+    answer_frame(frame_id(text), 500, super::http::UNCOMMITTED)
+}
+
 /// The `message.timeline.changed` notification for an account.
 pub fn notification(account: &str, latest_seq: u64) -> String {
     let mut p = Object::new();
@@ -122,6 +128,10 @@ mod tests {
             r#"{"error":{"code":"unavailable","data":{"retry_after":1000},"message":"the relay is busy; retry"},"id":"x"}"#
         );
         assert!(busy_frame("garbage").starts_with(r#"{"error""#));
+        assert_eq!(
+            uncommitted_frame(r#"{"id":"x","method":"m","params":{}}"#),
+            r#"{"error":{"code":"internal","message":"the relay core failed; nothing was accepted"},"id":"x"}"#
+        );
         assert_eq!(
             notification("a", 3),
             r#"{"method":"message.timeline.changed","params":{"account":"a","latest_seq":3}}"#
