@@ -11,7 +11,9 @@ use relay_core::engine::group::Grouped;
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{Caller, Config, Engine, Entropy, Storage, StorageError};
 use relay_core::transport::http::HEADERS;
-use relay_core::transport::{socket, Event, Fetch, Method, Relay, Request, Response, Step};
+use relay_core::transport::{
+    host_metrics, socket, Event, Fetch, Method, Relay, Request, Response, Step,
+};
 use relay_core::wire::canonical;
 use relay_core::wire::canonical::write_string;
 use relay_core::wire::crypto::Crypto;
@@ -701,6 +703,30 @@ impl RelayCore {
         relay_core::transport::ROUNDS as u32
     }
 
+    /// The transports' counts (`relay_core::transport::host_metrics::Transports`) in the
+    /// Prometheus text format, as every host writes them.
+    #[wasm_bindgen(js_name = transportMetrics)]
+    pub fn transport_metrics(
+        open_connections: f64,
+        open_websockets: f64,
+        refused_limit: f64,
+        refused_per_ip: f64,
+        busy: f64,
+        websockets_dropped: f64,
+    ) -> String {
+        let mut out = String::new();
+        host_metrics::Transports {
+            open_connections: open_connections as i64,
+            open_websockets: open_websockets as i64,
+            refused_limit: refused_limit as u64,
+            refused_per_ip: refused_per_ip as u64,
+            busy: busy as u64,
+            websockets_dropped: websockets_dropped as u64,
+        }
+        .write(&mut out);
+        out
+    }
+
     /// The transport limits every host enforces: JSON `[{"name", "default", "unit"}]`.
     #[wasm_bindgen(js_name = transportLimits)]
     pub fn transport_limits() -> String {
@@ -848,6 +874,54 @@ impl Alarm {
 
 /// A client identity (an account with one device) and the builders a JS client needs:
 /// certificates, routes, sessions, encrypted messages, and opening received entries.
+/// The relay's side of the host's own metrics (`relay_core::transport::host_metrics`):
+/// attempts, commits, ticks, traps. Made in a module that runs no relay, so a trap of the
+/// relay's instance keeps them.
+#[wasm_bindgen]
+#[derive(Default)]
+pub struct HostMetrics(host_metrics::HostMetrics);
+
+#[wasm_bindgen]
+impl HostMetrics {
+    /// No observations yet.
+    #[wasm_bindgen(constructor)]
+    pub fn new() -> HostMetrics {
+        HostMetrics::default()
+    }
+
+    /// One outbound attempt that took `seconds`; `status` as for `fetched`.
+    pub fn attempt(&self, status: i32, seconds: f64) {
+        self.0.attempt(&fetch_of(status, &[]), seconds);
+    }
+
+    /// One durable commit of `size` operations that took `seconds`.
+    pub fn commit(&self, size: u32, seconds: f64) {
+        self.0.commit(size as usize, seconds);
+    }
+
+    /// One tick of the core that took `seconds`.
+    pub fn tick(&self, seconds: f64) {
+        self.0.tick_duration.observe(seconds);
+    }
+
+    /// The relay's instance trapped.
+    pub fn trap(&self) {
+        self.0.traps.inc();
+    }
+
+    /// A fresh instance replaced a trapped one.
+    pub fn restart(&self) {
+        self.0.restarts.inc();
+    }
+
+    /// These metrics in the Prometheus text format.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        self.0.write_relay(&mut out);
+        out
+    }
+}
+
 #[wasm_bindgen]
 pub struct Identity {
     account: relay_core::client::AccountKey,

@@ -70,6 +70,16 @@ function core() {
 }
 /** The core's timer rules (`relay_core::transport::alarm`), for a relay's one timer. */
 export const newAlarm = () => (core(), new statics.Alarm());
+/**
+ * The relay's side of the host's own metrics (`relay_core::transport::host_metrics`: attempts,
+ * commits, ticks, traps), in the module that runs no relay, so a trap keeps them.
+ */
+export const newHostMetrics = () => (core(), new statics.HostMetrics());
+/**
+ * The transports' counts in the Prometheus text format, as every host writes them.
+ * @param {{connections: number, websockets: number, refused: {limit: number, perIp: number}, busy: number, dropped: number}} m
+ */
+export const transportMetricsText = (m) => core().transportMetrics(m.connections, m.websockets, m.refused.limit, m.refused.perIp, m.busy, m.dropped);
 /** The answer when the work waiting for the core is full: 503 unavailable, Retry-After 1. @returns {Answer} */
 export const busyAnswer = () => /** @type {Answer} */ (stepOf(core().busy()));
 /** The answer frame to a WebSocket message when the work waiting for the core is full. @param {string} text */
@@ -125,7 +135,7 @@ function instance(mod, config, storage, seed, operator) {
 export class Core {
   /**
    * @param {object} mod @param {string} config @param {Storage} storage @param {Uint8Array} seed @param {object | null} crypto
-   * @param {{metrics?: import('./metrics.js').RelayMetrics | null, log?: Log, operator?: string | null}} [host] where traps, restarts and
+   * @param {{metrics?: {trap: () => void, restart: () => void} | null, log?: Log, operator?: string | null}} [host] where traps, restarts and
    *   commits are counted and logged, and the operator token (none: no operator API)
    */
   constructor(mod, config, storage, seed, crypto, host = {}) {
@@ -233,7 +243,7 @@ export class Core {
   #trapped(e) {
     this.traps += 1;
     this.healthy = false;
-    this.metrics?.traps.inc();
+    this.metrics?.trap();
     this.log.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
     const group = this.group;
     this.group = null;
@@ -253,7 +263,7 @@ export class Core {
     this.mod = loadModule(this.crypto);
     this.inner = instance(this.mod, this.config, this.storage, this.seed, this.operator);
     this.healthy = true;
-    this.metrics?.restarts.inc();
+    this.metrics?.restart();
     this.onRecover?.();
   }
 

@@ -301,8 +301,6 @@ export class RelayThread extends EventEmitter {
   /** As `Relay.ready`, asked of the thread; not ready once the thread is gone or closing. */
   ready(): Promise<Readiness>;
   /** As `Relay.metricsText`, asked of the thread at each call (the figures live there). */
-  metrics(): Promise<string>;
-  /** The same as `metrics`. */
   metricsText(): Promise<string>;
   /** Stops the relay on its thread (deliveries in flight finish, the storage closes), then the thread. */
   close(): Promise<void>;

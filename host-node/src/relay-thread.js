@@ -124,17 +124,12 @@ export class RelayThread extends EventEmitter {
     }
   }
 
-  /** Same as `metrics` (the name `Relay` gives it). */
-  metricsText() {
-    return this.metrics();
-  }
-
   /**
    * The metrics of the relay on the thread (the core's, then the relay's), asked for at
    * each scrape: the figures live there.
    * @returns {Promise<string>}
    */
-  metrics() {
+  metricsText() {
     return this.#call('metrics', []);
   }
 

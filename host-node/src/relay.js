@@ -8,10 +8,9 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, busyAnswer, maxAnswer, newAlarm, rounds } from './core.js';
+import { Core, busyAnswer, maxAnswer, newAlarm, newHostMetrics, rounds } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
-import { RelayMetrics } from './metrics.js';
 import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
 import { LIMITS } from './limits.js';
 import { secret } from './secrets.js';
@@ -77,7 +76,7 @@ const answer = (status, value) => ({ status, headers: { 'content-type': 'applica
  * @property {string | null} [data] the data directory, if any
  * @property {string} [adminListen] where `serve` puts the admin listener
  * @property {Log} [log]
- * @property {RelayMetrics} [metrics]
+ * @property {ReturnType<typeof newHostMetrics>} [metrics]
  * @property {boolean} [allowPrivatePeers] connect to private, loopback and other non-public peers off `dev`
  * @property {string | Buffer | Array<string | Buffer>} [ca] PEM certificates trusted for outbound https, beside the system's
  * @property {Record<string, unknown>} [serveOptions] `serve`'s options carried by the relay (limits, TLS)
@@ -99,7 +98,7 @@ export class Relay extends EventEmitter {
     this.data = info.data ?? null;
     this.adminListen = info.adminListen ?? '127.0.0.1:0';
     this.log = info.log ?? core.log;
-    this.metrics = info.metrics ?? core.metrics ?? new RelayMetrics();
+    this.metrics = info.metrics ?? core.metrics ?? newHostMetrics();
     this.timer = null;
     /** When the core is next ticked: the core's rules (earliest wins, backoff on failure). */
     this.alarm = newAlarm();
@@ -267,7 +266,7 @@ export class Relay extends EventEmitter {
     this.alarm.fire();
     const started = performance.now();
     const t = this.core.tick(Date.now());
-    this.metrics.tick.observe((performance.now() - started) / 1000);
+    this.metrics.tick((performance.now() - started) / 1000);
     for (const q of t.quarantined ?? []) {
       this.log.warn('tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it)', { entry: q.entry, code: q.code, error: q.message });
     }
@@ -348,9 +347,7 @@ export class Relay extends EventEmitter {
     const p = (async () => {
       const started = performance.now();
       const r = await this.exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
-      /** @type {import('./metrics.js').AttemptOutcome} */
-      const kind = r.kind === 'answered' ? (r.status === 200 ? 'answered' : 'rejected') : r.kind === 'not_sent' ? 'not_attempted' : 'unknown';
-      this.metrics.attemptBy[kind].observe((performance.now() - started) / 1000);
+      this.metrics.attempt(statusOf(r), (performance.now() - started) / 1000);
       if (this.closed) return;
       this.#run(this.core.fetched(e.task, e.attempt, statusOf(r), r.body ?? EMPTY, Date.now()));
     })();
@@ -388,7 +385,7 @@ export class Relay extends EventEmitter {
    */
   async metricsText() {
     const core = this.core.metricsText();
-    return core + (await this.metrics.text());
+    return core + this.metrics.text();
   }
 
   /**
@@ -456,7 +453,7 @@ export async function createRelay(opts) {
   // started_at: attempts in flight before now were carried by a relay that is gone (a trap
   // recovery reuses this configuration, so its attempts, still carried, are not).
   const config = JSON.stringify({ relay: opts.relay, network, policies: opts.policies ?? {}, started_at: Date.now(), ...(opts.engine ?? {}) });
-  const metrics = new RelayMetrics();
+  const metrics = newHostMetrics();
   let core;
   try {
     core = await Core.create(config, storage, new Uint8Array(seed), opts.crypto, { metrics, log, operator: b64u(admin) });

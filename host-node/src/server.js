@@ -15,8 +15,7 @@ import https from 'node:https';
 import path from 'node:path';
 import { WebSocketServer, WebSocket } from 'ws';
 import { Log, messageOf } from './log.js';
-import { busyAnswer, busyFrame, requestHeaders } from './core.js';
-import { CONTENT_TYPE, TransportMetrics } from './metrics.js';
+import { busyAnswer, busyFrame, requestHeaders, transportMetricsText } from './core.js';
 import { limitsOf } from './limits.js';
 
 
@@ -224,7 +223,8 @@ export async function serve(relay, opts = {}) {
   const tlsKey = opts.tlsKey ?? carried.tlsKey;
   if (Boolean(tlsCert) !== Boolean(tlsKey)) throw new Error('TLS needs both a certificate (tlsCert) and its key (tlsKey)');
   const maxBytes = front.maxRequestBytes;
-  const metrics = new TransportMetrics();
+  /** The transports' counts: open connections and WebSockets, refusals at accept, busy answers, dropped sockets. */
+  const metrics = { connections: 0, websockets: 0, refused: { limit: 0, perIp: 0 }, busy: 0, dropped: 0 };
   let shuttingDown = false;
   /** Requests and frames waiting for the core (or the relay thread), at most `maxPending`. */
   let pending = 0;
@@ -328,8 +328,8 @@ export async function serve(relay, opts = {}) {
       if (!url) return send(res, 400, errorBody('invalid_params', 'unreadable request target'));
       if (await health(req, res, url.pathname)) return undefined;
       if (req.method === 'GET' && url.pathname === '/metrics') {
-        const text = (await (front.metricsText?.() ?? front.metrics())) + (await metrics.text());
-        return sendText(res, 200, text, CONTENT_TYPE);
+        const text = (await front.metricsText()) + transportMetricsText(metrics);
+        return sendText(res, 200, text, 'text/plain; version=0.0.4; charset=utf-8');
       }
       const body = await bodyOf(req, res);
       if (body === null) return undefined;

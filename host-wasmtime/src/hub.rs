@@ -3,7 +3,7 @@
 //! Each socket's outbound queue is bounded (`--ws-send-queue`): a client that does not read
 //! lets it fill, and is then dropped ([`Outbox::push`] says so and wakes its socket's task).
 
-use prometheus_client::metrics::counter::Counter;
+use relay_core::transport::host_metrics::HostMetrics;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, Notify};
@@ -22,18 +22,18 @@ pub struct Outbox {
     tx: mpsc::Sender<Outgoing>,
     /// Notified when the socket must be dropped (its client does not read).
     pub kill: Arc<Notify>,
-    dropped: Counter,
+    metrics: Arc<HostMetrics>,
 }
 
 impl Outbox {
     /// A queue of `bound` messages; the receiver is the writer's.
-    pub fn new(bound: usize, dropped: Counter) -> (Outbox, mpsc::Receiver<Outgoing>) {
+    pub fn new(bound: usize, metrics: Arc<HostMetrics>) -> (Outbox, mpsc::Receiver<Outgoing>) {
         let (tx, rx) = mpsc::channel(bound.max(1));
         (
             Outbox {
                 tx,
                 kill: Arc::new(Notify::new()),
-                dropped,
+                metrics,
             },
             rx,
         )
@@ -45,7 +45,7 @@ impl Outbox {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 tracing::info!("websocket dropped: its client does not read (send queue full)");
-                self.dropped.inc();
+                self.metrics.websockets_dropped.inc();
                 self.kill.notify_one();
                 false
             }

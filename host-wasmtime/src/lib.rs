@@ -22,6 +22,7 @@ use anyhow::Context;
 use guest::{Core, Event, Reply};
 use relay_core::engine::{Config, MemoryStore};
 use relay_core::transport::alarm::Alarm;
+use relay_core::transport::host_metrics::HostMetrics;
 use relay_core::wire::identity::RelayId;
 use relay_core::wire::preverify::Memory as Preverify;
 use settings::Settings;
@@ -177,7 +178,7 @@ pub struct App {
     pending: Arc<AtomicUsize>,
     pub admin_token: String,
     /// The host's own metrics (the core counts the rest).
-    pub metrics: Arc<ops::HostMetrics>,
+    pub metrics: Arc<HostMetrics>,
     /// What `/readyz` answers from.
     pub health: Arc<ops::Health>,
     /// One structured log line per accepted message and per ended delivery (`--log-format json`).
@@ -581,7 +582,7 @@ pub async fn start_with(
     // `RELAY_PREVERIFY=0` leaves every verification to the core thread (to measure what this pays).
     let pre = (std::env::var_os("RELAY_PREVERIFY").is_none_or(|v| v != "0"))
         .then(|| Arc::new(Preverify::default()));
-    let metrics = Arc::new(ops::HostMetrics::default());
+    let metrics = Arc::new(HostMetrics::default());
     let health = Arc::new(ops::Health::default());
     let mut shards = Vec::new();
     let mut timers = Vec::new();
@@ -703,7 +704,7 @@ struct CoreStart {
     admin_token: String,
     preverify: Option<Arc<Preverify>>,
     faults: Option<Arc<store::Faults>>,
-    metrics: Arc<ops::HostMetrics>,
+    metrics: Arc<HostMetrics>,
     health: Arc<ops::Health>,
     wake: watch::Sender<Alarm>,
 }
@@ -807,7 +808,7 @@ fn run_group(
     first: Box<dyn FnOnce(&mut Core) -> Release + Send>,
     rx: &std::sync::mpsc::Receiver<Job>,
     max: usize,
-    metrics: &ops::HostMetrics,
+    metrics: &HostMetrics,
     health: &ops::Health,
     wake: &watch::Sender<Alarm>,
 ) -> Option<Alone> {
@@ -841,8 +842,7 @@ fn run_group(
         }
     };
     if let Some(t) = started {
-        metrics.commit_duration.observe(t.elapsed().as_secs_f64());
-        metrics.commit_group_size.observe(releases.len() as f64);
+        metrics.commit(releases.len(), t.elapsed().as_secs_f64());
         health.set_storage_ok(durable);
     }
     for r in releases {

@@ -17,12 +17,12 @@
 //!   the rest of the body is never read.
 //! - Upgraded connections (WebSockets) leave the watchdog: their liveness is ping/pong.
 
-use crate::ops::HostMetrics;
 use crate::settings::Limits;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use relay_core::transport::host_metrics::HostMetrics;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;

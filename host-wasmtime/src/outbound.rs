@@ -14,7 +14,6 @@
 //! makes concurrent requests for one relay's key share one GET ([`KeyGets`]).
 
 use crate::guest::{Fetch, HttpRequest, KeyFetch, Listener, PeerRequest, Step};
-use crate::ops::AttemptOutcome;
 use crate::{now_ms, refused_address, App};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -22,6 +21,7 @@ use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use relay_core::transport::Fetch as Seen;
 use relay_core::transport::{address, outbound};
 use std::collections::HashMap;
 use std::future::Future;
@@ -545,21 +545,24 @@ pub async fn attempt(app: Arc<App>, shard: u32, req: PeerRequest) {
         }
     };
     let (fetch, seen) = match exchange {
-        Exchange::Answered(200, body) => (Fetch::Answered((200, body)), AttemptOutcome::Answered),
+        Exchange::Answered(200, body) => (
+            Fetch::Answered((200, body)),
+            Seen::Answered(200, Vec::new()),
+        ),
         Exchange::Answered(s, body) => {
             tracing::debug!(peer = %req.target, status = s, "peer rejected {}", req.url);
-            (Fetch::Answered((s, body)), AttemptOutcome::Rejected)
+            (Fetch::Answered((s, body)), Seen::Answered(s, Vec::new()))
         }
         Exchange::NotSent(why) => {
             tracing::debug!(peer = %req.target, "not sent: {why}");
-            (Fetch::NotSent, AttemptOutcome::NotAttempted)
+            (Fetch::NotSent, Seen::NotSent)
         }
         Exchange::Unknown(why) => {
             tracing::debug!(peer = %req.target, "unknown outcome: {why}");
-            (Fetch::Unknown, AttemptOutcome::Unknown)
+            (Fetch::Unknown, Seen::Unknown)
         }
     };
-    app.metrics.attempt(seen, started.elapsed());
+    app.metrics.attempt(&seen, started.elapsed().as_secs_f64());
     // The outcome reaches the core even through a trap or a storage fault: a report that was
     // not kept (its group commit failed, or the call failed) is made again, after 100 ms,
     // then twice as long each time; after the longest wait the core's own attempt timeout

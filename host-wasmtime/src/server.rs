@@ -345,10 +345,8 @@ async fn serve(
                 let origin = request.origin.clone();
                 // The socket joins the hub before the 101 is written: a notification
                 // committed after the client saw the upgrade finds it (queued until it runs).
-                let (out, rx) = crate::hub::Outbox::new(
-                    app.limits.ws_send_queue as usize,
-                    app.metrics.websockets_dropped.clone(),
-                );
+                let (out, rx) =
+                    crate::hub::Outbox::new(app.limits.ws_send_queue as usize, app.metrics.clone());
                 let registered = Registered {
                     id: app.hub.add(&u.account, &u.device_id, out.clone()),
                     account: u.account.clone(),
@@ -472,14 +470,14 @@ async fn serve_socket(
 ) {
     use futures_util::{SinkExt, StreamExt};
     /// Takes the socket off `relay_open_websockets` however the task ends.
-    struct Open(prometheus_client::metrics::gauge::Gauge);
+    struct Open(Arc<relay_core::transport::host_metrics::HostMetrics>);
     impl Drop for Open {
         fn drop(&mut self) {
-            self.0.dec();
+            self.0.open_websockets.dec();
         }
     }
     app.metrics.open_websockets.inc();
-    let _open = Open(app.metrics.open_websockets.clone());
+    let _open = Open(app.metrics.clone());
     let (mut sink, mut stream) = socket.split();
     let expiry = tokio::time::sleep(std::time::Duration::from_millis(
         info.expires_at.saturating_sub(now_ms()),
