@@ -19,7 +19,7 @@ pub use outbound::Rules;
 pub use relay_core::transport::address::refused as refused_address;
 
 use anyhow::Context;
-use guest::{Core, Event, Reply};
+use guest::{Core, Event};
 use relay_core::engine::{Config, MemoryStore};
 use relay_core::transport::alarm::Alarm;
 use relay_core::transport::host_metrics::HostMetrics;
@@ -64,33 +64,6 @@ enum Job {
 /// (docs/performance.md: 16 gave +20% at c=32 and +4% at c=128 over 256).
 pub const MAX_GROUP: usize = 16;
 
-/// What a call answers when its group's commit failed: nothing it did was accepted.
-pub trait Uncommitted {
-    /// The answer of a call whose writes were undone.
-    fn uncommitted() -> Self;
-}
-
-impl Uncommitted for Reply {
-    fn uncommitted() -> Reply {
-        guest::internal_reply()
-    }
-}
-impl<T> Uncommitted for Vec<T> {
-    fn uncommitted() -> Vec<T> {
-        Vec::new()
-    }
-}
-impl<T> Uncommitted for Option<T> {
-    fn uncommitted() -> Option<T> {
-        None
-    }
-}
-impl<A: Uncommitted, B: Uncommitted> Uncommitted for (A, B) {
-    fn uncommitted() -> (A, B) {
-        (A::uncommitted(), B::uncommitted())
-    }
-}
-
 /// A place among the requests in the core or waiting for it (`--max-pending`); the place is
 /// given back when the request and every job it queued for the core are done.
 #[derive(Clone)]
@@ -111,21 +84,22 @@ pub struct CoreHandle {
 }
 
 impl CoreHandle {
-    /// Runs `f` on the core thread and waits for its answer, which leaves only after its commit is durable.
-    pub async fn run<R: Uncommitted + Send + 'static>(
+    /// Runs `f` on the core thread and waits for its answer, which leaves only after its
+    /// commit is durable; `None` when the commit failed (nothing it did was accepted).
+    pub async fn run<R: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Core) -> R + Send + 'static,
-    ) -> R {
+    ) -> Option<R> {
         self.run_holding(None, f).await
     }
 
     /// As [`CoreHandle::run`], the job holding `slot` until its answer is released (a request
     /// that went away still counts while its job waits for the core).
-    pub async fn run_holding<R: Uncommitted + Send + 'static>(
+    pub async fn run_holding<R: Send + 'static>(
         &self,
         slot: Option<Slot>,
         f: impl FnOnce(&mut Core) -> R + Send + 'static,
-    ) -> R {
+    ) -> Option<R> {
         let (otx, orx) = oneshot::channel();
         let job = Job::Call(Box::new(move |core| {
             let r = f(core);
@@ -133,7 +107,7 @@ impl CoreHandle {
                 // The place is given back before the answer wakes its request, so a caller
                 // that saw the answer finds it free.
                 drop(slot);
-                let _ = otx.send(if durable { r } else { R::uncommitted() });
+                let _ = otx.send(durable.then_some(r));
             })
         }));
         if self.tx.send(job).is_err() {
@@ -870,7 +844,7 @@ async fn timer(app: Arc<App>, shard: u32, mut alarm: watch::Receiver<Alarm>) {
                     let started = std::time::Instant::now();
                     let r = c.tick(now_ms());
                     metrics.tick_duration.observe(started.elapsed().as_secs_f64());
-                    Some(r)
+                    r
                 }).await;
                 // A group commit that failed armed the retry already (`run_group`).
                 let (events, failed) = match ran {

@@ -195,11 +195,13 @@ impl ConnState {
     }
 }
 
-/// A connection's byte stream, plain or TLS.
-pub enum Stream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
+/// A byte stream: plain TCP, or TLS over it.
+pub trait Conn: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn for T {}
+
+/// A connection's byte stream, plain or TLS (tokio reads and writes a `Box` of either,
+/// vectored writes included).
+pub type Stream = Box<dyn Conn>;
 
 /// An accepted connection: its stream, what the watchdog reads, and its place under the caps.
 pub struct Io {
@@ -247,64 +249,6 @@ async fn linger(mut s: Stream) {
         }
     })
     .await;
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
 }
 
 impl AsyncRead for Io {
@@ -461,14 +405,14 @@ async fn connection(
     let limits = listen.limits;
     let state = Arc::new(ConnState::new());
     let stream = match &listen.tls {
-        None => Stream::Plain(tcp),
+        None => Box::new(tcp) as Stream,
         Some(acceptor) => {
             let handshake = tokio::time::timeout(
                 Duration::from_millis(limits.header_timeout),
                 acceptor.accept(tcp),
             );
             match handshake.await {
-                Ok(Ok(s)) => Stream::Tls(Box::new(s)),
+                Ok(Ok(s)) => Box::new(s),
                 Ok(Err(e)) => {
                     tracing::debug!(peer = %peer, "TLS handshake failed: {e}");
                     return;

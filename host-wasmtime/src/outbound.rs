@@ -32,7 +32,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 /// Connecting (TCP, then TLS) may take at most this long before the attempt counts as not made.
@@ -114,75 +113,11 @@ impl tower_service::Service<Name> for Resolver {
 }
 
 /// A connection to a peer, plain or TLS.
-pub enum PeerIo {
-    Plain(TokioIo<TcpStream>),
-    Tls(Box<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>),
-}
+pub type PeerIo = TokioIo<Box<dyn crate::net::Conn>>;
 
-impl Connection for PeerIo {
+impl Connection for Box<dyn crate::net::Conn> {
     fn connected(&self) -> Connected {
-        match self {
-            PeerIo::Plain(s) => s.connected(),
-            PeerIo::Tls(_) => Connected::new(),
-        }
-    }
-}
-
-impl hyper::rt::Read for PeerIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PeerIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            PeerIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl hyper::rt::Write for PeerIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            PeerIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            PeerIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PeerIo::Plain(s) => Pin::new(s).poll_flush(cx),
-            PeerIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PeerIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            PeerIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            PeerIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            PeerIo::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            PeerIo::Plain(s) => s.is_write_vectored(),
-            PeerIo::Tls(s) => s.is_write_vectored(),
-        }
+        Connected::new()
     }
 }
 
@@ -217,7 +152,9 @@ impl tower_service::Service<hyper::Uri> for Connector {
                 .to_string();
             let tcp = tower_service::Service::call(&mut http, uri).await?;
             if !https {
-                return Ok(PeerIo::Plain(tcp));
+                return Ok(TokioIo::new(
+                    Box::new(tcp.into_inner()) as Box<dyn crate::net::Conn>
+                ));
             }
             let name = rustls::pki_types::ServerName::try_from(host)?;
             let stream = tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(name, tcp.into_inner()))
@@ -225,7 +162,7 @@ impl tower_service::Service<hyper::Uri> for Connector {
                 .map_err(|_| {
                     io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
                 })??;
-            Ok(PeerIo::Tls(Box::new(TokioIo::new(stream))))
+            Ok(TokioIo::new(Box::new(stream) as Box<dyn crate::net::Conn>))
         })
     }
 }
@@ -317,10 +254,7 @@ pub async fn fetch_key(app: &Arc<App>, shard: u32, k: KeyFetch) {
                     guard
                         .app
                         .core(guard.shard)
-                        .run(move |c| {
-                            c.key_fetched(&relay, &fetch, now_ms());
-                            Some(())
-                        })
+                        .run(move |c| c.key_fetched(&relay, &fetch, now_ms()))
                         .await;
                     drop(guard);
                 });
@@ -486,7 +420,7 @@ pub async fn internal(app: &Arc<App>, shard: u32, request: HttpRequest) -> Fetch
     let r = request.clone();
     let step = app
         .core(shard)
-        .run(move |c| Some(c.handle(&r, None, now_ms())))
+        .run(move |c| c.handle(&r, None, now_ms()))
         .await;
     match step {
         Some(Step::Respond(mut r)) => {
@@ -573,7 +507,7 @@ pub async fn attempt(app: Arc<App>, shard: u32, req: PeerRequest) {
         let attempt = req.attempt;
         let kept = app
             .core(shard)
-            .run(move |c| Some(c.fetched(&task, attempt, &f, now_ms())))
+            .run(move |c| c.fetched(&task, attempt, &f, now_ms()))
             .await;
         let why = match kept {
             Some(Ok(events)) => {

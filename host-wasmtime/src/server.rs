@@ -78,7 +78,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     let mut texts = Vec::new();
     let mut failed = None;
     for k in 0..app.shard_count() {
-        match app.core(k).run(|c| Some(c.metrics())).await {
+        match app.core(k).run(|c| c.metrics()).await {
             Some(Ok(text)) => texts.push(text),
             other => {
                 failed = Some(other);
@@ -318,9 +318,7 @@ async fn serve(
         app.core_calls.fetch_add(1, Ordering::Relaxed);
         let step = app
             .core(shard)
-            .run_holding(slot.clone(), move |c| {
-                Some(c.handle(&r, s.as_deref(), now_ms()))
-            })
+            .run_holding(slot.clone(), move |c| c.handle(&r, s.as_deref(), now_ms()))
             .await;
         let Some(step) = step else {
             return native_response(transport::Response::uncommitted());
@@ -391,10 +389,7 @@ async fn sibling_route(app: &Arc<App>, shard: u32, w: RouteWanted) {
     let fetch = crate::outbound::internal(app, w.shard, request).await;
     let account = w.account;
     app.core(shard)
-        .run(move |c| {
-            c.route_fetched(&account, &fetch);
-            Some(())
-        })
+        .run(move |c| c.route_fetched(&account, &fetch))
         .await;
 }
 
@@ -565,7 +560,7 @@ async fn serve_socket(
             let answer = app
                 .core(shard)
                 .run_holding(Some(slot.clone()), move |c| {
-                    Some(c.message(&token, o.as_deref(), &t, sending, now_ms()))
+                    c.message(&token, o.as_deref(), &t, sending, now_ms())
                 })
                 .await
                 .unwrap_or_else(|| crate::guest::uncommitted_answer(&text));
