@@ -204,27 +204,12 @@ impl App {
         self.shards.len() as u32
     }
 
-    /// The shard whose core handles `req` (the core's placement; always 0 with one shard).
-    pub fn shard_of(&self, req: &guest::HttpRequest) -> u32 {
-        if self.shards.len() == 1 {
-            return 0;
+    /// The shard whose core handles `req` (the core's placement; one shard needs none).
+    pub fn shard_of(&self, req: &relay_core::transport::Request) -> u32 {
+        match self.shard_count() {
+            1 => 0,
+            n => relay_core::transport::placement::shard_of(req, n),
         }
-        let listener = match req.listener {
-            guest::Listener::Public => relay_core::transport::Listener::Public,
-            guest::Listener::Admin => relay_core::transport::Listener::Admin,
-        };
-        // Placement reads the path, query, bearer and params only; the body is borrowed
-        // into a request of its own once (a sharded relay parses it here and in the core).
-        let r = relay_core::transport::Request {
-            listener,
-            method: req.method.clone(),
-            path: req.path.clone(),
-            query: req.query.clone(),
-            headers: req.headers.clone(),
-            body: req.body.clone(),
-            origin: None,
-        };
-        relay_core::transport::placement::shard_of(&r, self.shard_count())
     }
 
     /// Executes the events of a call of shard `shard`'s core: outbound requests, timers,

@@ -309,8 +309,8 @@ async fn serve(
         },
         Listener::Admin => None,
     };
-    let request = HttpRequest::from(request);
     let shard = app.shard_of(&request);
+    let request = HttpRequest::from(request);
     let request = Arc::new(request);
     let mut rounds = 0;
     loop {

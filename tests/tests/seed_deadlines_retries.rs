@@ -438,6 +438,17 @@ fn an_attempt_in_flight_when_the_process_stopped_is_an_unknown_outcome_at_the_ne
         (&lost.task, lost.attempt + 1, &lost.target, &lost.body),
         "the unchanged request, to the same target"
     );
+    let counted = w.nodes[a]
+        .engine
+        .metrics()
+        .expect("metrics")
+        .counters
+        .attempts;
+    assert_eq!(
+        (counted.get("orphaned"), counted.get("timeout")),
+        (Some(&1), None),
+        "counted as orphaned by the restart, not as a timeout"
+    );
     let s = w.status(&alice, &message_id(&m)).result.unwrap();
     assert_eq!(status_of(&s), "delivering");
     // The answer of the lost attempt, were it to come now, is ignored.

@@ -21,7 +21,7 @@ pub struct Counters {
     /// `message.send` and `message.deliver` refused, by error code.
     pub rejected: BTreeMap<&'static str, u64>,
     /// Attempts to other relays, by outcome: `accepted`, `rejected`, `unknown`,
-    /// `not_attempted`, `timeout`.
+    /// `not_attempted`, `timeout`, `orphaned` (in flight when the process stopped).
     pub attempts: BTreeMap<&'static str, u64>,
     /// Deliveries that ended `target_accepted`.
     pub delivered: u64,

@@ -129,7 +129,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
             match t.state {
                 TaskState::Done => {}
-                TaskState::InFlight => self.attempt_lost(&id, t)?,
+                TaskState::InFlight => self.attempt_lost(&id, t, "timeout")?,
                 TaskState::Parked => {
                     if self.now >= t.deadline {
                         self.txn.delete(k::parked(&t.target, t.park_order, &id));
@@ -143,10 +143,11 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.sweep_orphans()
     }
 
-    /// An attempt in flight whose answer will not come (its timeout passed, or the process
-    /// that carried it is gone): an unknown outcome, or the end if the deadline has passed.
-    fn attempt_lost(&mut self, id: &str, t: TaskRec) -> Result<(), Error> {
-        Counters::bump(&mut self.counts.attempts, "timeout");
+    /// An attempt in flight whose answer will not come: its timeout passed (counted as
+    /// `timeout`), or the process that carried it is gone (`orphaned`). An unknown outcome,
+    /// or the end if the deadline has passed.
+    fn attempt_lost(&mut self, id: &str, t: TaskRec, counted: &'static str) -> Result<(), Error> {
+        Counters::bump(&mut self.counts.attempts, counted);
         let target = t.target.clone();
         self.release_slot(&target)?;
         let mut t = self.txn.get::<TaskRec>(&k::task(id))?.unwrap_or(t);
@@ -208,7 +209,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 && k::index_time(&key) == Some(t.next_at)
             {
                 self.tick_entry = Some(key);
-                self.attempt_lost(&id, t)?;
+                self.attempt_lost(&id, t, "orphaned")?;
             }
         }
         self.tick_entry = None;
