@@ -2,6 +2,7 @@
 // the operator's calls to a running relay, over its admin listener.
 
 import fs from 'node:fs';
+import net from 'node:net';
 import { createRelay } from './relay.js';
 import { serve, parseAddr } from './server.js';
 import { RelayThread } from './relay-thread.js';
@@ -108,6 +109,15 @@ async function admin(call) {
   return 1;
 }
 
+/** A server bound to a port the system picks on `host`. @param {string} host @returns {Promise<net.Server>} */
+function boundAnyPort(host) {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, host, () => resolve(srv));
+  });
+}
+
 export async function main(argv) {
   let parsed;
   try {
@@ -124,7 +134,11 @@ export async function main(argv) {
   const s = parsed.serve;
   const log = new Log({ format: s.logFormat });
   const { host, port } = parseAddr(s.listen);
-  const url = s.url ?? `${s.tlsCert ? 'https' : 'http'}://${s.listen}`;
+  // Port 0 without --url: the public port is bound here first, so the relay id names the
+  // port the system gave (as the wasmtime host's does).
+  const handle = port === 0 && !s.url ? await boundAnyPort(host) : undefined;
+  const at = handle ? s.listen.replace(/:0$/, `:${/** @type {net.AddressInfo} */ (handle.address()).port}`) : s.listen;
+  const url = s.url ?? `${s.tlsCert ? 'https' : 'http'}://${at}`;
   let tls = {};
   let ca;
   try {
@@ -161,7 +175,7 @@ export async function main(argv) {
   process.on('uncaughtException', last.exception);
   let srv;
   try {
-    srv = await serve(relay, { host, port, ...s.limits, ...tls });
+    srv = await serve(relay, { host, port, handle, ...s.limits, ...tls });
   } catch (e) {
     log.error(`relay-node: cannot serve: ${messageOf(e)}`);
     await relay.close().catch(() => {});

@@ -332,4 +332,4 @@ export interface Served {
  * those the relay was made with, else the defaults. Every server, socket and WebSocket has its
  * errors caught; a protocol error on a WebSocket closes that one (1002, 1007, 1009).
  */
-export function serve(relay: Relay | RelayThread, listen?: { host?: string; port?: number; admin?: string } & ServeOptions): Promise<Served>;
+export function serve(relay: Relay | RelayThread, listen?: { host?: string; port?: number; handle?: import('node:net').Server; admin?: string } & ServeOptions): Promise<Served>;

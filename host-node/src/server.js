@@ -190,14 +190,20 @@ function baseUrl(server, scheme = 'http') {
   return `${scheme}://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
 }
 
-/** Starts `server` listening; rejects when it cannot bind. @param {http.Server} server @param {{host: string, port: number}} at */
+/**
+ * Starts `server` listening (on `at.handle`, a server already bound, when given); rejects
+ * when it cannot bind.
+ * @param {http.Server} server @param {{host: string, port: number, handle?: import('node:net').Server}} at
+ */
 function listen(server, at) {
   return new Promise((resolve, reject) => {
     server.once('error', reject);
-    server.listen(at.port, at.host, () => {
+    const listening = () => {
       server.off('error', reject);
       resolve(undefined);
-    });
+    };
+    if (at.handle) server.listen(at.handle, listening);
+    else server.listen(at.port, at.host, listening);
   });
 }
 
@@ -207,9 +213,10 @@ function listen(server, at) {
  * listener binds `opts.admin` (else the relay's `adminListen`, else `127.0.0.1:0`); its base
  * URL is logged and, when the relay has a data directory, written to `DATA/admin.url` before
  * the public port listens. The limits (limits.js) and `tlsCert`/`tlsKey` come from `opts`,
- * else from the options the relay was made with, else the defaults.
+ * else from the options the relay was made with, else the defaults. `handle`, a server
+ * already bound, is listened on instead of `host` and `port`.
  * @param {import('./relay.js').Relay | import('./relay-thread.js').RelayThread} relay
- * @param {{host?: string, port?: number, admin?: string, tlsCert?: string | Buffer, tlsKey?: string | Buffer} & Partial<import('./limits.js').LIMITS>} opts
+ * @param {{host?: string, port?: number, handle?: import('node:net').Server, admin?: string, tlsCert?: string | Buffer, tlsKey?: string | Buffer} & Partial<import('./limits.js').LIMITS>} opts
  * @returns {Promise<{server: http.Server, port: number, admin: http.Server, adminUrl: string, url: string, close: () => Promise<void>}>}
  */
 export async function serve(relay, opts = {}) {
@@ -532,7 +539,7 @@ export async function serve(relay, opts = {}) {
   }
   log.info('admin listener (admin API, /metrics, /healthz, /readyz)', { admin_url: adminUrl });
   try {
-    await listen(server, { port: opts.port ?? 0, host: opts.host ?? '127.0.0.1' });
+    await listen(server, { port: opts.port ?? 0, host: opts.host ?? '127.0.0.1', handle: opts.handle });
   } catch (e) {
     clearInterval(pinger);
     admin.close();

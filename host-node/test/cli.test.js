@@ -54,3 +54,33 @@ test('relay-node admin: deliveries, backup and metrics make the calls relay admi
   }
   fs.rmSync(dir, { recursive: true });
 });
+
+test('relay-node serve --listen on port 0 serves as the relay id of the port the system gave', async () => {
+  const { spawn } = await import('node:child_process');
+  const bin = new URL('../bin/relay-node.js', import.meta.url).pathname;
+  const proc = spawn(process.execPath, [bin, 'serve', '--listen', '127.0.0.1:0', '--memory'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  try {
+    let out = '';
+    let err = '';
+    proc.stderr.on('data', (d) => (err += d));
+    const line = await new Promise((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error(`relay-node did not start:\n${err}`)), 20000);
+      proc.stdout.on('data', (d) => {
+        out += d;
+        const m = /listening on 127\.0\.0\.1:(\d+) as (\S+)/.exec(out);
+        if (m) {
+          clearTimeout(t);
+          resolve(m);
+        }
+      });
+      proc.once('exit', (code) => reject(new Error(`relay-node exited (${code}):\n${err}`)));
+    });
+    const [, port, url] = line;
+    assert.notEqual(port, '0');
+    assert.equal(url, `http://127.0.0.1:${port}`);
+    const known = await (await fetch(`${url}/.well-known/relay`)).json();
+    assert.equal(known.relay, url, 'the relay id names the port it serves on');
+  } finally {
+    proc.kill();
+  }
+});
