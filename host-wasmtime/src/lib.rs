@@ -329,13 +329,8 @@ fn write_whole(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
-    let mut open = std::fs::OpenOptions::new();
-    open.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
-    let mut f = open
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
+    let mut f =
+        store::private_file(&tmp, true).with_context(|| format!("creating {}", tmp.display()))?;
     f.write_all(text.as_bytes())?;
     drop(f);
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
@@ -363,12 +358,7 @@ pub fn load_or_create_secret(path: &std::path::Path, len: usize) -> anyhow::Resu
             use std::io::Write;
             let mut b = vec![0u8; len];
             getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("OS random source: {e}"))?;
-            let mut open = std::fs::OpenOptions::new();
-            open.write(true).create_new(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
-            let mut f = open
-                .open(path)
+            let mut f = store::private_file(path, true)
                 .with_context(|| format!("{}: cannot create it", path.display()))?;
             f.write_all(relay_core::wire::base64url::encode(&b).as_bytes())
                 .and_then(|()| f.sync_all())
@@ -869,25 +859,18 @@ impl AdminClient {
         headers: &[(&str, &str)],
         body: Vec<u8>,
     ) -> anyhow::Result<(u16, Vec<u8>)> {
-        match self
-            .0
-            .exchange(hyper::Method::POST, url, headers, body)
-            .await
-        {
-            outbound::Exchange::Answered(s, b) => Ok((s, b)),
-            outbound::Exchange::NotSent(e) | outbound::Exchange::Unknown(e) => {
-                anyhow::bail!("{url}: {e}")
-            }
-        }
+        let e = self.0.exchange(hyper::Method::POST, url, headers, body);
+        Self::answer(url, e.await)
     }
 
     /// GETs `url`.
     pub async fn get(&self, url: &str) -> anyhow::Result<(u16, Vec<u8>)> {
-        match self
-            .0
-            .exchange(hyper::Method::GET, url, &[], Vec::new())
-            .await
-        {
+        let e = self.0.exchange(hyper::Method::GET, url, &[], Vec::new());
+        Self::answer(url, e.await)
+    }
+
+    fn answer(url: &str, e: outbound::Exchange) -> anyhow::Result<(u16, Vec<u8>)> {
+        match e {
             outbound::Exchange::Answered(s, b) => Ok((s, b)),
             outbound::Exchange::NotSent(e) | outbound::Exchange::Unknown(e) => {
                 anyhow::bail!("{url}: {e}")

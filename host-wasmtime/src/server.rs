@@ -52,65 +52,54 @@ fn text_response(status: StatusCode, content_type: &'static str, body: String) -
     r
 }
 
+/// A plain-text answer.
+fn plain(status: StatusCode, body: impl Into<String>) -> Response {
+    text_response(status, "text/plain; charset=utf-8", body.into())
+}
+
 /// Live: the process serves.
 async fn healthz() -> Response {
-    text_response(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into())
+    plain(StatusCode::OK, "ok\n")
 }
 
 /// Ready: the storage takes commits, the core instance is healthy, and shutdown has not begun.
 async fn readyz(State(app): State<Arc<App>>) -> Response {
     match app.health.not_ready() {
-        None => text_response(
-            StatusCode::OK,
-            "text/plain; charset=utf-8",
-            "ready\n".into(),
-        ),
-        Some(why) => text_response(
+        None => plain(StatusCode::OK, "ready\n"),
+        Some(why) => plain(
             StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain; charset=utf-8",
             format!("not ready: {why}\n"),
         ),
     }
 }
 
-/// The core's counts, then the host's own, in the Prometheus text format (0.0.4).
+/// The core's counts (every shard's, merged), then the host's own, in the Prometheus text
+/// format (0.0.4).
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let mut texts = Vec::new();
-    let mut failed = None;
     for k in 0..app.shard_count() {
         match app.core(k).run(|c| c.metrics()).await {
             Some(Ok(text)) => texts.push(text),
-            other => {
-                failed = Some(other);
-                break;
+            failed => {
+                let why = match failed {
+                    Some(Err(e)) => format!(": {e}"),
+                    _ => String::new(),
+                };
+                let text = format!("the core's metrics could not be read{why}\n");
+                return plain(StatusCode::INTERNAL_SERVER_ERROR, text);
             }
         }
     }
-    let core = match failed {
-        Some(f) => f,
-        None if texts.len() == 1 => texts.pop().map(Ok),
-        None => Some(Ok(relay_core::engine::metrics::merge_shards(&texts))),
+    let mut text = match texts.len() {
+        1 => texts.remove(0),
+        _ => relay_core::engine::metrics::merge_shards(&texts),
     };
-    match core {
-        Some(Ok(mut text)) => {
-            text.push_str(&app.metrics.render());
-            text_response(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                text,
-            )
-        }
-        Some(Err(e)) => text_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "text/plain; charset=utf-8",
-            format!("the core's metrics could not be read: {e}\n"),
-        ),
-        None => text_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "text/plain; charset=utf-8",
-            "the core's metrics could not be read\n".into(),
-        ),
-    }
+    text.push_str(&app.metrics.render());
+    text_response(
+        StatusCode::OK,
+        "text/plain; version=0.0.4; charset=utf-8",
+        text,
+    )
 }
 
 fn json_response(status: u16, body: Vec<u8>) -> Response {

@@ -26,15 +26,7 @@ impl SqliteStore {
     pub fn open(path: &Path) -> Result<SqliteStore, StorageError> {
         // Created 0600 before SQLite opens it: SQLite gives its -wal and -shm files the
         // database file's mode, so every file of the store is its owner's only.
-        {
-            let mut create = std::fs::OpenOptions::new();
-            create.append(true).create(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut create, 0o600);
-            create
-                .open(path)
-                .map_err(|e| StorageError(format!("{}: {e}", path.display())))?;
-        }
+        private_file(path, false).map_err(|e| StorageError(format!("{}: {e}", path.display())))?;
         let conn = Connection::open(path).map_err(err)?;
         // A relay that holds the database keeps it: waiting long for it only delays the error.
         conn.busy_timeout(std::time::Duration::from_secs(1))
@@ -103,13 +95,7 @@ impl SqliteStore {
 
     fn copy_into(conn: &Connection, partial: &Path) -> Result<u64, String> {
         let at = |e: &dyn std::fmt::Display| format!("{}: {e}", partial.display());
-        {
-            let mut create = std::fs::OpenOptions::new();
-            create.write(true).create_new(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut create, 0o600);
-            create.open(partial).map_err(|e| at(&e))?;
-        }
+        private_file(partial, true).map_err(|e| at(&e))?;
         let mut dst = Connection::open(partial).map_err(|e| at(&e))?;
         {
             let backup = rusqlite::backup::Backup::new(conn, &mut dst).map_err(|e| at(&e))?;
@@ -241,6 +227,20 @@ impl Storage for AnyStore {
             AnyStore::Faulty(s, _) => s.commit(batch),
         }
     }
+}
+
+/// Opens `path` for writing, its owner's only (mode 0600 on Unix): a new file when `new`
+/// (failing if it exists), else the file as it is, made if missing.
+pub fn private_file(path: &Path, new: bool) -> std::io::Result<std::fs::File> {
+    let mut open = std::fs::OpenOptions::new();
+    if new {
+        open.write(true).create_new(true);
+    } else {
+        open.append(true).create(true);
+    }
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    open.open(path)
 }
 
 #[cfg(test)]
