@@ -691,6 +691,16 @@ impl RelayCore {
         socket::busy_frame(text)
     }
 
+    /// `max_request_bytes` under `policies` (JSON `{name: value}`, as a relay's configuration
+    /// gives them; the default when not given): the body limit a host enforces before any
+    /// core sees the request.
+    #[wasm_bindgen(js_name = maxRequestBytes)]
+    pub fn max_request_bytes(policies: &str) -> Result<f64, JsValue> {
+        let p: relay_core::engine::Policies = serde_json::from_str(policies)
+            .map_err(|e| JsValue::from(js_sys::Error::new(&format!("policies: {e}"))))?;
+        Ok(p.max_request_bytes as f64)
+    }
+
     /// The answer frame to a WebSocket message whose call was lost before it committed.
     #[wasm_bindgen(js_name = uncommittedFrame)]
     pub fn uncommitted_frame(text: &str) -> String {
@@ -872,8 +882,6 @@ impl Alarm {
     }
 }
 
-/// A client identity (an account with one device) and the builders a JS client needs:
-/// certificates, routes, sessions, encrypted messages, and opening received entries.
 /// The relay's side of the host's own metrics (`relay_core::transport::host_metrics`):
 /// attempts, commits, ticks, traps. Made in a module that runs no relay, so a trap of the
 /// relay's instance keeps them.
@@ -922,6 +930,8 @@ impl HostMetrics {
     }
 }
 
+/// A client identity (an account with one device) and the builders a JS client needs:
+/// certificates, routes, sessions, encrypted messages, and opening received entries.
 #[wasm_bindgen]
 pub struct Identity {
     account: relay_core::client::AccountKey,

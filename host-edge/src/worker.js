@@ -107,16 +107,8 @@ async function readBody(request, limit) {
   return body ?? json(413, errorBody('payload_too_large', `request body exceeds max_request_bytes ${limit}`), { connection: 'close' });
 }
 
-/** `max_request_bytes`, as shard 0's core publishes it (asked once per isolate). */
-let maxRequestBytes = 0;
-async function maxBytes(env) {
-  if (!maxRequestBytes) {
-    const r = await shard(env, 0).fetch('https://shard/.well-known/relay', { headers: { [SHARD]: '0' } });
-    maxRequestBytes = Number((await r.json())?.policies?.max_request_bytes) || 0;
-    if (!maxRequestBytes) throw new Error('shard 0 published no max_request_bytes');
-  }
-  return maxRequestBytes;
-}
+/** `max_request_bytes` under the configured policies, as every shard's core takes them. */
+const maxBytes = (env) => RelayCore.maxRequestBytes(JSON.stringify(env.CONFIG?.policies ?? {}));
 
 /** The health checks: `/healthz` here, `/readyz` from every shard. */
 async function health(env, path, count) {
@@ -160,7 +152,7 @@ export default {
       if (admin && request.method === 'GET' && url.pathname === '/metrics') return await metrics(env, count);
       let body = EMPTY;
       if (request.method === 'POST') {
-        const b = await readBody(request, await maxBytes(env));
+        const b = await readBody(request, maxBytes(env));
         if (b instanceof Response) return b;
         body = b;
       }
@@ -250,7 +242,7 @@ export class RelayShard extends DurableObject {
       this.core = this.ctx.storage.transactionSync(() => new RelayCore(JSON.stringify(config), this.store, s.seed, s.token));
       this.gen = generation;
       this.broken = null;
-      this.maxBytes = Number(JSON.parse(this.core.wellKnown()).policies?.max_request_bytes) || Infinity;
+      this.maxBytes = RelayCore.maxRequestBytes(JSON.stringify(s.policies));
     } catch (e) {
       if (e instanceof WebAssembly.RuntimeError) reset();
       this.broken = String(e?.message ?? e);

@@ -112,7 +112,8 @@ async function admin(call) {
 /** A server bound to a port the system picks on `host`. @param {string} host @returns {Promise<net.Server>} */
 function boundAnyPort(host) {
   return new Promise((resolve, reject) => {
-    const srv = net.createServer();
+    // Nothing is served until the relay takes the socket over (the port is not announced yet).
+    const srv = net.createServer((c) => c.destroy());
     srv.once('error', reject);
     srv.listen(0, host, () => resolve(srv));
   });
@@ -136,7 +137,13 @@ export async function main(argv) {
   const { host, port } = parseAddr(s.listen);
   // Port 0 without --url: the public port is bound here first, so the relay id names the
   // port the system gave (as the wasmtime host's does).
-  const handle = port === 0 && !s.url ? await boundAnyPort(host) : undefined;
+  let handle;
+  try {
+    if (port === 0 && !s.url) handle = await boundAnyPort(host);
+  } catch (e) {
+    log.error(`relay-node: cannot serve: ${messageOf(e)}`);
+    return 1;
+  }
   const at = handle ? s.listen.replace(/:0$/, `:${/** @type {net.AddressInfo} */ (handle.address()).port}`) : s.listen;
   const url = s.url ?? `${s.tlsCert ? 'https' : 'http'}://${at}`;
   let tls = {};

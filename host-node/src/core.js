@@ -84,6 +84,8 @@ export const transportMetricsText = (m) => core().transportMetrics(m.connections
 export const busyAnswer = () => /** @type {Answer} */ (stepOf(core().busy()));
 /** The answer frame to a WebSocket message when the work waiting for the core is full. @param {string} text */
 export const busyFrame = (text) => core().busyFrame(text);
+/** `max_request_bytes` under `policies` (the default when not given). @param {Record<string, number>} [policies] */
+export const maxRequestBytes = (policies) => core().maxRequestBytes(JSON.stringify(policies ?? {}));
 /** How many times a step (`fetch`, `route`) is carried out for one request before it is answered busy. */
 export const rounds = () => core().rounds();
 /** The request headers the core reads (lowercase): a host passes only these. @type {() => string[]} */

@@ -8,7 +8,7 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, busyAnswer, maxAnswer, newAlarm, newHostMetrics, rounds } from './core.js';
+import { Core, busyAnswer, maxAnswer, maxRequestBytes, newAlarm, newHostMetrics, rounds } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
@@ -464,11 +464,10 @@ export async function createRelay(opts) {
   }
   if ('onCommit' in storage) storage.onCommit = (size, seconds) => metrics.commit(size, seconds);
   if (opts.data) warnOpen(opts.data, log);
-  const maxRequestBytes = JSON.parse(core.wellKnown()).policies?.max_request_bytes ?? 262144;
   return new Relay(core, {
     relay: opts.relay,
     network,
-    maxRequestBytes,
+    maxRequestBytes: maxRequestBytes(opts.policies),
     adminToken: b64u(admin),
     storage,
     data: opts.data ?? null,

@@ -486,11 +486,12 @@ pub async fn start_with(
     let relay = RelayId::parse(&url).map_err(|e| anyhow::anyhow!("--url {url}: {e}"))?;
     let mut config = Config::new(relay.clone(), &settings.network);
     config.policies = settings.policies.clone();
+    // At least 1 each, as the core reads them from a JavaScript host's configuration.
     if let Some(t) = settings.engine.attempt_timeout {
-        config.attempt_timeout = t;
+        config.attempt_timeout = t.max(1);
     }
     if let Some(m) = settings.engine.max_in_flight_per_destination {
-        config.max_in_flight_per_destination = m;
+        config.max_in_flight_per_destination = m.max(1);
     }
     // Attempts in flight before now were carried by a process that is gone; a trap
     // recovery reuses this configuration, so its attempts (still carried) are not.

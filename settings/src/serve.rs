@@ -195,8 +195,12 @@ impl Settings {
         if l.attempt_timeout.is_some() {
             self.engine.attempt_timeout = l.attempt_timeout;
         }
-        if l.max_in_flight_per_destination.is_some() {
-            self.engine.max_in_flight_per_destination = l.max_in_flight_per_destination;
+        if let Some(n) = l.max_in_flight_per_destination {
+            if n == 0 {
+                let name = from.spell("max_in_flight_per_destination");
+                return Err(format!("{name}: must be a positive integer"));
+            }
+            self.engine.max_in_flight_per_destination = Some(n);
         }
         for (limit, v) in LIMITS.iter().zip(limits) {
             if let Some(v) = v {

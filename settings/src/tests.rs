@@ -298,4 +298,10 @@ fn the_engine_options_reach_the_core_under_its_own_keys() {
     );
     let e = serve(Host::Edge, &["--max-in-flight-per-destination", "0"]).unwrap_err();
     assert!(e.contains("positive integer"), "{e}");
+    let zero = "max_in_flight_per_destination = 0\n";
+    let e = serve_with(Host::Wasmtime, &["--config", "r.toml"], zero).unwrap_err();
+    assert!(
+        e.contains("the key max_in_flight_per_destination: must be a positive integer"),
+        "{e}"
+    );
 }

@@ -1,7 +1,8 @@
 //! The host's own metrics: what only a host sees (how long attempts, commits and ticks took;
-//! traps; connections and WebSockets), defined and written once, so every host's `/metrics`
-//! shows the same families, buckets and help after the core's counts
-//! ([`crate::engine::metrics`]).
+//! traps; connections and WebSockets), defined and written once, so the wasmtime and Node
+//! hosts' `/metrics` show the same families, buckets and help after the core's counts
+//! ([`crate::engine::metrics`]). (On the edge the platform owns sockets and storage, so its
+//! `/metrics` is the core's counts alone.)
 //!
 //! Recording is an atomic add, never a lock, and nothing is recorded per HTTP request
 //! (connections are counted at accept and close). The wasmtime host shares one
