@@ -107,8 +107,9 @@ async function readBody(request, limit) {
   return body ?? json(413, errorBody('payload_too_large', `request body exceeds max_request_bytes ${limit}`), { connection: 'close' });
 }
 
-/** `max_request_bytes` under the configured policies, as every shard's core takes them. */
-const maxBytes = (env) => RelayCore.maxRequestBytes(JSON.stringify(env.CONFIG?.policies ?? {}));
+/** `max_request_bytes` under the configured policies, as every shard's core takes them (read once per isolate). */
+let maxRequestBytes = 0;
+const maxBytes = (env) => (maxRequestBytes ||= RelayCore.maxRequestBytes(JSON.stringify(env.CONFIG?.policies ?? {})));
 
 /** The health checks: `/healthz` here, `/readyz` from every shard. */
 async function health(env, path, count) {

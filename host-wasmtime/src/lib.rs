@@ -486,13 +486,8 @@ pub async fn start_with(
     let relay = RelayId::parse(&url).map_err(|e| anyhow::anyhow!("--url {url}: {e}"))?;
     let mut config = Config::new(relay.clone(), &settings.network);
     config.policies = settings.policies.clone();
-    // At least 1 each, as the core reads them from a JavaScript host's configuration.
-    if let Some(t) = settings.engine.attempt_timeout {
-        config.attempt_timeout = t.max(1);
-    }
-    if let Some(m) = settings.engine.max_in_flight_per_destination {
-        config.max_in_flight_per_destination = m.max(1);
-    }
+    let e = &settings.engine;
+    config.set_options(e.attempt_timeout, e.max_in_flight_per_destination);
     // Attempts in flight before now were carried by a process that is gone; a trap
     // recovery reuses this configuration, so its attempts (still carried) are not.
     config.started_at = Some(now_ms());

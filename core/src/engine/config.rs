@@ -144,6 +144,16 @@ pub struct Config {
 }
 
 impl Config {
+    /// Sets the operator's engine options (`None` keeps the default); each is at least 1.
+    pub fn set_options(&mut self, attempt_timeout: Option<u64>, max_in_flight: Option<u32>) {
+        if let Some(t) = attempt_timeout {
+            self.attempt_timeout = t.max(1);
+        }
+        if let Some(m) = max_in_flight {
+            self.max_in_flight_per_destination = m.max(1);
+        }
+    }
+
     /// A configuration with default policies.
     pub fn new(relay: RelayId, network: &str) -> Config {
         Config {
@@ -192,12 +202,7 @@ impl Config {
         }
         let mut cfg = Config::new(relay, &c.network);
         cfg.policies = c.policies;
-        if let Some(t) = c.attempt_timeout {
-            cfg.attempt_timeout = t.max(1);
-        }
-        if let Some(m) = c.max_in_flight_per_destination {
-            cfg.max_in_flight_per_destination = m.max(1);
-        }
+        cfg.set_options(c.attempt_timeout, c.max_in_flight_per_destination);
         if let Some(b) = c.tick_batch {
             cfg.tick_batch = b.max(1);
         }
@@ -222,5 +227,23 @@ impl Config {
             started_at: self.started_at,
         })
         .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_options_are_at_least_one_however_a_host_passes_them() {
+        let json = br#"{"relay":"http://127.0.0.1:1","network":"dev","attempt_timeout":0,"max_in_flight_per_destination":0}"#;
+        let c = Config::from_json(json).unwrap();
+        assert_eq!((c.attempt_timeout, c.max_in_flight_per_destination), (1, 1));
+        let mut n = Config::new(c.relay.clone(), "dev");
+        n.set_options(Some(0), None);
+        assert_eq!(
+            (n.attempt_timeout, n.max_in_flight_per_destination),
+            (1, 16)
+        );
     }
 }

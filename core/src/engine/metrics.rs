@@ -88,7 +88,8 @@ fn escape(label: &str) -> String {
         .replace('\n', "\\n")
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+/// Writes a family's `# HELP` and `# TYPE` lines.
+pub(crate) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
