@@ -685,6 +685,15 @@ impl RelayCore {
         response_bytes(&Response::uncommitted())
     }
 
+    /// The answer to a request the host refused on its own (`transport::Refusal` by name:
+    /// `too_large` with the limit, `body_timeout` with the ms, `unreadable_body`,
+    /// `unreadable_target`), as `handle` gives answers; it closes the connection.
+    pub fn refused(name: &str, n: f64) -> Result<Vec<u8>, JsValue> {
+        let r = relay_core::transport::Refusal::from_name(name, n as u64)
+            .ok_or_else(|| JsValue::from(js_sys::Error::new(&format!("no refusal {name}"))))?;
+        Ok(response_bytes(&Response::refused(r)))
+    }
+
     /// The answer frame to a WebSocket message when the host's queue of work is full.
     #[wasm_bindgen(js_name = busyFrame)]
     pub fn busy_frame(text: &str) -> String {

@@ -104,7 +104,7 @@ async function readAll(stream, limit) {
 async function readBody(request, limit) {
   const declared = Number(request.headers.get('content-length'));
   const body = Number.isFinite(declared) && declared > limit ? null : await readAll(request.body, limit);
-  return body ?? json(413, errorBody('payload_too_large', `request body exceeds max_request_bytes ${limit}`), { connection: 'close' });
+  return body ?? respond(stepOf(RelayCore.refused('too_large', limit)));
 }
 
 /** `max_request_bytes` under the configured policies, as every shard's core takes them (read once per isolate). */
@@ -163,7 +163,12 @@ export default {
       // peer's address (Cloudflare's header; set by the socket on workerd), the shard.
       const headers = new Headers();
       for (const [n, v] of request.headers) if (REQUEST_NAMES.has(n)) headers.set(n, v);
-      if (request.headers.get('upgrade')?.toLowerCase() === 'websocket') headers.set('upgrade', 'websocket');
+      // workerd hands a Worker a WebSocket handshake with its Upgrade header (Connection, a
+      // hop-by-hop header, need not survive): the core sees the handshake as a client sent it.
+      if (request.headers.get('upgrade')?.toLowerCase() === 'websocket') {
+        headers.set('upgrade', 'websocket');
+        headers.set('connection', 'upgrade');
+      }
       if (admin) headers.set(DOOR, 'admin');
       const origin = request.headers.get('cf-connecting-ip');
       if (origin) headers.set(ORIGIN, origin);
@@ -171,7 +176,7 @@ export default {
       to = { k, init: { method: request.method, headers, body: request.method === 'POST' ? body : undefined } };
     } catch (e) {
       console.error(`request failed: ${e?.stack ?? e}`);
-      return json(500, errorBody('internal', 'the relay failed; nothing was accepted'));
+      return respond(uncommitted());
     }
     // A failure of the object's call is not answered as one that accepted nothing: the
     // object may have committed before it failed. workerd's bare 500 leaves the outcome
@@ -307,11 +312,8 @@ export class RelayShard extends DurableObject {
       origin: h.get(ORIGIN),
     };
     const s = await this.handle(req);
-    if ('upgrade' in s) {
-      if (h.get('upgrade') !== 'websocket') return json(404, errorBody('not_found', 'no such endpoint'));
-      return this.#accept(s.upgrade, req.origin);
-    }
-    return new Response(s.body.byteLength ? s.body : null, { status: s.status, headers: s.headers });
+    if ('upgrade' in s) return this.#accept(s.upgrade, req.origin);
+    return respond(s);
   }
 
   /**
@@ -566,6 +568,11 @@ export class RelayShard extends DurableObject {
       return { status: -2, body: EMPTY, why: String(e?.message ?? e) };
     }
   }
+}
+
+/** The core's answer (`{status, headers, body}`) as a Response, written as it is. */
+function respond(a) {
+  return new Response(a.body.byteLength ? a.body : null, { status: a.status, headers: a.headers });
 }
 
 /** An answer the host makes itself, as `handle` returns answers. */

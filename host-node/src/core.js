@@ -111,8 +111,16 @@ export const refusedUrl = (url, network, allowPrivate) => core().refusedUrl(url,
 export const maxAnswer = () => core().maxAnswer();
 /** Whether a relay on `network` checks every address a peer's name resolves to. @param {string} network @param {boolean} allowPrivate @returns {boolean} */
 export const vettedAddresses = (network, allowPrivate) => core().vettedAddresses(network, allowPrivate);
+/**
+ * The answer to a request the host refused on its own, as the core spells it for every host
+ * (`relay_core::transport::Refusal`); it closes the connection.
+ * @param {'too_large' | 'body_timeout' | 'unreadable_body' | 'unreadable_target'} name
+ * @param {number} [n] the limit (bytes) or the timeout (ms)
+ * @returns {Answer}
+ */
+export const refused = (name, n = 0) => /** @type {Answer} */ (stepOf(core().refused(name, n)));
 /** The answer for a call lost before it committed: 500 internal, nothing was accepted. @returns {Answer} */
-const uncommitted = () => /** @type {Answer} */ (stepOf(core().uncommitted()));
+export const uncommitted = () => /** @type {Answer} */ (stepOf(core().uncommitted()));
 
 /**
  * @typedef {object} Storage

@@ -15,7 +15,7 @@ import https from 'node:https';
 import path from 'node:path';
 import { WebSocketServer, WebSocket } from 'ws';
 import { Log, messageOf } from './log.js';
-import { busyAnswer, busyFrame, requestHeaders, transportMetricsText } from './core.js';
+import { busyAnswer, busyFrame, refused, requestHeaders, transportMetricsText, uncommitted } from './core.js';
 import { limitsOf } from './limits.js';
 
 
@@ -24,40 +24,29 @@ const WS_READ_AHEAD = 8;
 
 const EMPTY = new Uint8Array(0);
 
-/** The error body of protocol.md §4, for what the host answers itself (the transport's own failures). */
-function errorBody(code, message) {
-  return { error: { code, message } };
-}
-
 /** Writes an answer as the core made it: status, headers and body as they are. @param {http.ServerResponse} res @param {{status: number, headers: Record<string, string>, body: Uint8Array}} a */
 function write(res, a) {
   res.writeHead(a.status, { ...a.headers, 'content-length': a.body.length });
   res.end(a.body);
 }
 
-/** An answer of the host's own (a transport failure). */
-function send(res, status, body) {
-  write(res, { status, headers: { 'content-type': 'application/json' }, body: Buffer.from(JSON.stringify(body)) });
-}
-
 /**
- * Answers and closes the connection without reading the rest of the request: the answer is
- * written, then the connection closes with a lingering close.
+ * Writes the core's answer to a request refused unread (`refused`), and closes the
+ * connection without reading the rest of the request, with a lingering close.
+ * @param {http.IncomingMessage} req @param {http.ServerResponse} res @param {import('./core.js').Answer} a
  */
-function refuse(req, res, status, body) {
+function refuse(req, res, a) {
   req.pause();
   if (res.headersSent) {
     res.destroy();
     return;
   }
-  const text = JSON.stringify(body);
   res.shouldKeepAlive = false;
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), connection: 'close' });
   // Node ends such a connection with destroySoon() once the answer is written, which resets it
   // when request bytes are still unread, and the client may then lose the answer: linger instead.
   const socket = req.socket;
   socket.destroySoon = () => linger(socket);
-  res.end(text);
+  write(res, a);
 }
 
 /** How long a refused connection stays open, half-closed, after its answer. */
@@ -81,15 +70,15 @@ function linger(socket) {
 
 /**
  * Reads a body up to `limit` bytes within `timeout` ms; `null` when it was refused (413 as
- * soon as the declared length or the count passes the limit, 408 when the time is up: the
- * answer is sent, the rest is not read and the connection is closed).
+ * soon as the declared length or the count passes the limit, 408 when the time is up, 400
+ * when it cannot be read: the core's answer is sent, the rest is not read and the
+ * connection is closed).
  */
 function readBody(req, res, limit, timeout) {
-  return new Promise((resolve, reject) => {
-    const tooLarge = () => errorBody('payload_too_large', `request body exceeds max_request_bytes ${limit}`);
+  return new Promise((resolve) => {
     const declared = Number(req.headers['content-length']);
     if (Number.isFinite(declared) && declared > limit) {
-      refuse(req, res, 413, tooLarge());
+      refuse(req, res, refused('too_large', limit));
       resolve(null);
       return;
     }
@@ -104,7 +93,7 @@ function readBody(req, res, limit, timeout) {
     const timer = setTimeout(() => {
       if (done) return;
       stop();
-      refuse(req, res, 408, errorBody('unavailable', `the request body did not arrive within ${timeout} ms`));
+      refuse(req, res, refused('body_timeout', timeout));
       resolve(null);
     }, timeout);
     const onData = (c) => {
@@ -112,7 +101,7 @@ function readBody(req, res, limit, timeout) {
       size += c.length;
       if (size > limit) {
         stop();
-        refuse(req, res, 413, tooLarge());
+        refuse(req, res, refused('too_large', limit));
         resolve(null);
       } else chunks.push(c);
     };
@@ -122,10 +111,11 @@ function readBody(req, res, limit, timeout) {
       stop();
       resolve(Buffer.concat(chunks));
     });
-    req.on('error', (e) => {
+    req.on('error', () => {
       if (done) return;
       stop();
-      reject(e);
+      refuse(req, res, refused('unreadable_body'));
+      resolve(null);
     });
     // The client went away before the end: nothing to answer.
     req.on('close', () => {
@@ -306,7 +296,7 @@ export async function serve(relay, opts = {}) {
   const onRequest = async (req, res) => {
     try {
       const url = urlOf(req.url);
-      if (!url) return send(res, 400, errorBody('invalid_params', 'unreadable request target'));
+      if (!url) return refuse(req, res, refused('unreadable_target'));
       if (url.pathname === '/healthz' || url.pathname === '/readyz') {
         if (await health(req, res, url.pathname)) return undefined;
       }
@@ -314,15 +304,13 @@ export async function serve(relay, opts = {}) {
       if (body === null) return undefined;
       const r = await work(() => front.handle(requestOf(req, url, body, false, names)));
       if (r === null) return write(res, busyAnswer());
-      // `GET /v1/ws` without the upgrade: no such endpoint here.
-      if ('upgrade' in r) return send(res, 404, errorBody('not_found', 'no such endpoint'));
       return write(res, r);
     } catch (e) {
       // The relay thread stopped with this request in it: its outcome is unknown, and a
       // dropped connection says so, as a crashed relay would.
       if (e?.code === 'RELAY_THREAD_LOST') return res.destroy();
       log.error(`request failed: ${e?.stack ?? e}`);
-      if (!res.headersSent) send(res, 500, errorBody('internal', 'the relay failed; nothing was accepted'));
+      if (!res.headersSent) write(res, uncommitted());
       else res.destroy();
     }
     return undefined;
@@ -332,7 +320,7 @@ export async function serve(relay, opts = {}) {
   const onAdmin = async (req, res) => {
     try {
       const url = urlOf(req.url);
-      if (!url) return send(res, 400, errorBody('invalid_params', 'unreadable request target'));
+      if (!url) return refuse(req, res, refused('unreadable_target'));
       if (await health(req, res, url.pathname)) return undefined;
       if (req.method === 'GET' && url.pathname === '/metrics') {
         const text = (await front.metricsText()) + transportMetricsText(metrics);
@@ -341,12 +329,11 @@ export async function serve(relay, opts = {}) {
       const body = await bodyOf(req, res);
       if (body === null) return undefined;
       const r = await front.handle(requestOf(req, url, body, true, names));
-      if ('upgrade' in r) return send(res, 404, errorBody('not_found', 'no such endpoint'));
       return write(res, r);
     } catch (e) {
       if (e?.code === 'RELAY_THREAD_LOST') return res.destroy();
       log.error(`admin request failed: ${e?.stack ?? e}`);
-      if (!res.headersSent) send(res, 500, errorBody('internal', `the relay failed: ${messageOf(e)}`));
+      if (!res.headersSent) write(res, uncommitted());
       else res.destroy();
     }
     return undefined;
@@ -440,7 +427,7 @@ export async function serve(relay, opts = {}) {
         return await front.handle(requestOf(req, url, EMPTY, false, names));
       } catch (e) {
         if (e?.code !== 'RELAY_THREAD_LOST') log.error(`upgrade failed: ${e?.stack ?? e}`);
-        return { status: 500, headers: {}, body: EMPTY };
+        return uncommitted();
       }
     });
     const a = r ?? busyAnswer();

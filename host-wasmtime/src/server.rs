@@ -18,7 +18,6 @@ use axum::Router;
 use http_body_util::BodyExt;
 use relay_core::transport::ahead::Verdict;
 use relay_core::transport::{self, socket};
-use relay_core::wire::canonical;
 use relay_core::wire::json::{Object, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -102,22 +101,6 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     )
 }
 
-fn json_response(status: u16, body: Vec<u8>) -> Response {
-    let mut r = Response::new(Body::from(body));
-    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut()
-        .insert("content-type", HeaderValue::from_static("application/json"));
-    r
-}
-
-fn error_response(code: relay_core::ErrorCode, message: &str) -> Response {
-    let e = relay_core::Error::new(code, message);
-    json_response(
-        code.http_status(),
-        canonical::to_vec(&relay_core::engine::error_body(&e)),
-    )
-}
-
 /// 503 unavailable, `Retry-After: 1`: the relay is busy.
 fn busy_response() -> Response {
     native_response(transport::Response::busy())
@@ -155,63 +138,36 @@ fn write_response(
     r
 }
 
-/// An answer given before the request was read whole: the connection closes after it
-/// (with a lingering close, `net`), the rest of the request unread.
-fn closing(mut r: Response) -> Response {
-    r.headers_mut()
-        .insert("connection", HeaderValue::from_static("close"));
-    r
-}
-
 /// Reads a request body, refusing one over the limit before any of it is parsed.
 ///
 /// A declared length over `max_request_bytes`, or a count that passes it while reading
-/// (chunked too), is answered 413 at once, the rest unread; a body not read whole within
-/// `--body-timeout` is answered 408. Either closes the connection.
+/// (chunked too), is refused at once, the rest unread; so is a body not read whole within
+/// `--body-timeout`, or one that cannot be read. The core spells each answer.
 async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, Response> {
     let limit = app.max_request_bytes;
-    let too_large = || {
-        closing(error_response(
-            relay_core::ErrorCode::PayloadTooLarge,
-            &format!("request body exceeds max_request_bytes {limit}"),
-        ))
+    let refused = |r| native_response(transport::Response::refused(r));
+    let too_large = transport::Refusal::TooLarge {
+        limit: limit as u64,
     };
-    if let Some(len) = headers
+    let declared = headers
         .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        if len > limit {
-            return Err(too_large());
-        }
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(refused(too_large));
     }
     let within = std::time::Duration::from_millis(app.limits.body_timeout);
     let read = tokio::time::timeout(within, http_body_util::Limited::new(body, limit).collect());
-    let bytes = match read.await {
-        Ok(Ok(b)) => b.to_bytes().to_vec(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
-        // The client went away or sent a broken body: nothing to answer it.
+    match read.await {
+        Ok(Ok(b)) => Ok(b.to_bytes().to_vec()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(refused(too_large)),
         Ok(Err(e)) => {
-            return Err(closing(error_response(
-                relay_core::ErrorCode::InvalidParams,
-                &format!("the request body could not be read: {e}"),
-            )))
+            tracing::debug!("a request body could not be read: {e}");
+            Err(refused(transport::Refusal::UnreadableBody))
         }
-        Err(_) => {
-            let e = relay_core::Error::new(
-                relay_core::ErrorCode::Unavailable,
-                format!(
-                    "the request body did not arrive within {} ms",
-                    app.limits.body_timeout
-                ),
-            );
-            return Err(closing(json_response(
-                408,
-                canonical::to_vec(&relay_core::engine::error_body(&e)),
-            )));
-        }
-    };
-    Ok(bytes)
+        Err(_) => Err(refused(transport::Refusal::BodyTimeout {
+            ms: app.limits.body_timeout,
+        })),
+    }
 }
 
 /// The network address a call came from, as the core keys its per-address limits: the
@@ -258,8 +214,16 @@ async fn serve(
     let method = parts.method.as_str().to_string();
     let path = parts.uri.path().to_string();
     // The WebSocket handshake is checked first, as before the session: a GET of /v1/ws that
-    // is not an upgrade is refused by the WebSocket layer.
-    let upgrade = if listener == Listener::Public && method == "GET" && path == "/v1/ws" {
+    // asks to upgrade but is not a valid handshake is refused by the WebSocket layer; one
+    // that does not ask is the core's to answer (no such endpoint).
+    let header = |n| {
+        parts
+            .headers
+            .get(n)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    let asks = transport::http::asks_websocket(header("connection"), header("upgrade"));
+    let upgrade = if listener == Listener::Public && method == "GET" && path == "/v1/ws" && asks {
         match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
             Ok(u) => Some(u),
             Err(e) => return e.into_response(),

@@ -10,6 +10,7 @@
 //! long-lived relay of each host and prints their memory and descriptors every round
 //! (`soak` below, ignored by `cargo test`).
 
+use relay_core::transport::{Refusal, Response};
 use relay_core::wire::base64url;
 use relay_core::wire::canonical;
 use relay_core::wire::json::{Object, Value};
@@ -213,6 +214,31 @@ fn read_until_closed(s: &mut TcpStream, within: Duration) -> End {
             Err(_) => return End::Closed(got),
         }
     }
+}
+
+/// The body of the one HTTP response in `bytes` (what follows its head).
+fn body_in(bytes: &[u8]) -> &[u8] {
+    match bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+        Some(at) => &bytes[at + 4..],
+        None => &[],
+    }
+}
+
+/// Asserts that `bytes` (one answer, then a close) is the core's answer for refusal `r`,
+/// to the byte: every host spells its own refusals through the core.
+fn assert_refused(bytes: &[u8], r: Refusal, what: &str) {
+    let want = Response::refused(r);
+    assert_eq!(
+        (status_in(bytes), String::from_utf8_lossy(body_in(bytes))),
+        (Some(want.status), String::from_utf8_lossy(&want.body)),
+        "{what}: {:?}",
+        String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+    );
+    assert_eq!(
+        header_in(bytes, "connection").map(|v| v.to_ascii_lowercase()),
+        Some("close".to_string()),
+        "{what}: the refusal says the connection closes"
+    );
 }
 
 /// The status of an HTTP response at the start of `bytes`, if there is one.
@@ -556,6 +582,28 @@ fn odd_upgrade_targets(x: &mut Ctx) {
             "a bad WebSocket version was upgraded"
         );
     }
+    // `GET /v1/ws` that does not ask to upgrade (no headers, or `Upgrade` without
+    // `Connection: Upgrade`) is no endpoint: the core's 404, to the byte, on every host.
+    let none = Response::fail(relay_core::ErrorCode::NotFound, "no such endpoint");
+    for asks in ["", "Upgrade: websocket\r\n", "Connection: Upgrade\r\n"] {
+        let mut s = connect(x.addr());
+        let req = format!(
+            "GET /v1/ws?session={session} HTTP/1.1\r\nHost: 127.0.0.1\r\n{asks}Connection: close\r\n\r\n"
+        );
+        write_lenient(&mut s, req.as_bytes());
+        let End::Closed(answer) = read_until_closed(&mut s, SLACK) else {
+            panic!("GET /v1/ws with {asks:?}: no answer and no close")
+        };
+        assert_eq!(
+            (
+                status_in(&answer),
+                String::from_utf8_lossy(body_in(&answer))
+            ),
+            (Some(404), String::from_utf8_lossy(&none.body)),
+            "GET /v1/ws with {asks:?}: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
     x.alive("upgrade requests on odd targets");
 }
 
@@ -751,14 +799,13 @@ fn body_never_finishes(x: &mut Ctx) {
             End::Open => panic!(
                 "{what} that never finishes: still open after {took:?} (--body-timeout {timeout:?})"
             ),
-            End::Closed(bytes) => {
-                assert_eq!(
-                    status_in(&bytes),
-                    Some(408),
-                    "{what} that never finishes: closed after {took:?} with {:?}, not 408",
-                    String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
-                );
-            }
+            End::Closed(bytes) => assert_refused(
+                &bytes,
+                Refusal::BodyTimeout {
+                    ms: timeout.as_millis() as u64,
+                },
+                &format!("{what} that never finishes, closed after {took:?}"),
+            ),
         }
     }
     x.alive("bodies that never finish");
@@ -799,12 +846,14 @@ fn chunked_body_refused_early(x: &mut Ctx) {
         b"POST /v1/message.send HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 20000000\r\n\r\n",
     )
     .expect("request");
-    let head = read_head(&mut s, SLACK).expect("an answer to a declared 20 MB body");
-    assert_eq!(
-        status_in(&head),
-        Some(413),
-        "{}",
-        String::from_utf8_lossy(&head)
+    let End::Closed(answer) = read_until_closed(&mut s, SLACK) else {
+        panic!("a declared 20 MB body: neither answered nor closed")
+    };
+    let limit = MAX_REQUEST as u64;
+    assert_refused(
+        &answer,
+        Refusal::TooLarge { limit },
+        "a declared 20 MB body",
     );
     drop(s);
 

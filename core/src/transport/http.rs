@@ -11,8 +11,10 @@ use crate::wire::json::{self, Value};
 use crate::{Error, ErrorCode};
 
 /// The request headers the core reads (lowercase); a host may pass only these.
-pub const HEADERS: [&str; 5] = [
+pub const HEADERS: [&str; 7] = [
     "authorization",
+    "connection",
+    "upgrade",
     "relay-id",
     "relay-timestamp",
     "relay-nonce",
@@ -116,7 +118,7 @@ impl Request {
                     Some((Door::Relay, m))
                 } else if self.method == "GET" && path == "/.well-known/relay" {
                     return Route::WellKnown;
-                } else if self.method == "GET" && path == "/v1/ws" {
+                } else if self.method == "GET" && path == "/v1/ws" && self.is_upgrade() {
                     return Route::Upgrade;
                 } else {
                     None
@@ -133,6 +135,12 @@ impl Request {
         }
     }
 
+    /// Whether the request asks to become a WebSocket (`Connection: upgrade` and `Upgrade:
+    /// websocket`, RFC 6455 §4.1): `GET /v1/ws` without both is no endpoint, on every host.
+    pub fn is_upgrade(&self) -> bool {
+        asks_websocket(self.header("connection"), self.header("upgrade"))
+    }
+
     /// The value of query parameter `name`, if present (no percent-decoding: tokens are base64url).
     pub fn query_param(&self, name: &str) -> Option<&str> {
         self.query.split('&').find_map(|kv| {
@@ -142,12 +150,20 @@ impl Request {
     }
 }
 
+/// Whether a request's `Connection` and `Upgrade` headers ask for a WebSocket: `upgrade`
+/// among the connection options, and `websocket` as the protocol.
+pub fn asks_websocket(connection: Option<&str>, upgrade: Option<&str>) -> bool {
+    let token = |v: &str, t: &str| v.split(',').any(|o| o.trim().eq_ignore_ascii_case(t));
+    connection.is_some_and(|c| token(c, "upgrade"))
+        && upgrade.is_some_and(|u| token(u, "websocket"))
+}
+
 /// Where a request goes, by its listener, method and path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route<'a> {
     /// `GET /.well-known/relay`.
     WellKnown,
-    /// `GET /v1/ws`: a WebSocket upgrade.
+    /// `GET /v1/ws` with `Upgrade: websocket`: a WebSocket upgrade.
     Upgrade,
     /// A POST of method `name` through `door`; the body is the call's params.
     Call(Door, &'a str),
@@ -160,7 +176,8 @@ pub enum Route<'a> {
 pub struct Response {
     /// The HTTP status.
     pub status: u16,
-    /// Headers to send (`content-type` always; `retry-after` with 429 and 503).
+    /// Headers to send (`content-type` always; `retry-after` with 429 and 503;
+    /// `connection: close` with a [`Refusal`]).
     pub headers: Vec<(&'static str, String)>,
     /// The body.
     pub body: Vec<u8>,
@@ -177,7 +194,72 @@ pub const BUSY: &[u8] =
 pub const UNCOMMITTED: &[u8] =
     br#"{"error":{"code":"internal","message":"the relay core failed; nothing was accepted"}}"#;
 
+/// What a host refuses on its own, before any core sees the request (the host reads the
+/// body and keeps its time): spelled here once, so every host answers these alike. Each
+/// answer closes the connection, since the rest of the request is left unread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The body passes `max_request_bytes`, declared or counted while reading: 413.
+    TooLarge {
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// The body did not arrive whole within the body timeout: 408 `unavailable`.
+    BodyTimeout {
+        /// The timeout, in milliseconds.
+        ms: u64,
+    },
+    /// The body could not be read (a broken chunked encoding, say): 400.
+    UnreadableBody,
+    /// The request target is not one the host can read: 400.
+    UnreadableTarget,
+}
+
+impl Refusal {
+    /// The refusal's name as the JS bindings take it (`too_large`, `body_timeout`,
+    /// `unreadable_body`, `unreadable_target`), with its number where it has one.
+    pub fn from_name(name: &str, n: u64) -> Option<Refusal> {
+        Some(match name {
+            "too_large" => Refusal::TooLarge { limit: n },
+            "body_timeout" => Refusal::BodyTimeout { ms: n },
+            "unreadable_body" => Refusal::UnreadableBody,
+            "unreadable_target" => Refusal::UnreadableTarget,
+            _ => return None,
+        })
+    }
+}
+
 impl Response {
+    /// The answer to a request the host refused on its own, with `Connection: close`.
+    pub fn refused(r: Refusal) -> Response {
+        let (status, code, message) = match r {
+            Refusal::TooLarge { limit } => (
+                413,
+                ErrorCode::PayloadTooLarge,
+                format!("request body exceeds max_request_bytes {limit}"),
+            ),
+            Refusal::BodyTimeout { ms } => (
+                408,
+                ErrorCode::Unavailable,
+                format!("the request body did not arrive within {ms} ms"),
+            ),
+            Refusal::UnreadableBody => (
+                400,
+                ErrorCode::InvalidParams,
+                "the request body could not be read".to_string(),
+            ),
+            Refusal::UnreadableTarget => (
+                400,
+                ErrorCode::InvalidParams,
+                "unreadable request target".to_string(),
+            ),
+        };
+        let body = canonical::to_vec(&error_body(&Error::new(code, message)));
+        let mut r = Response::json(status, body, Vec::new());
+        r.headers.push(("connection", "close".to_string()));
+        r
+    }
+
     /// A JSON answer with `status`; 429 and 503 carry `Retry-After` from `data.retry_after`.
     pub fn json(status: u16, body: Vec<u8>, effects: Vec<Event>) -> Response {
         let mut headers = vec![("content-type", "application/json".to_string())];
@@ -242,6 +324,72 @@ pub fn retry_after_seconds(body: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hosts_own_refusals_are_spelled_once_and_close_the_connection() {
+        let cases = [
+            (Refusal::TooLarge { limit: 262144 }, 413, br#"{"error":{"code":"payload_too_large","message":"request body exceeds max_request_bytes 262144"}}"#.as_slice()),
+            (Refusal::BodyTimeout { ms: 30000 }, 408, br#"{"error":{"code":"unavailable","message":"the request body did not arrive within 30000 ms"}}"#),
+            (Refusal::UnreadableBody, 400, br#"{"error":{"code":"invalid_params","message":"the request body could not be read"}}"#),
+            (Refusal::UnreadableTarget, 400, br#"{"error":{"code":"invalid_params","message":"unreadable request target"}}"#),
+        ];
+        for (refusal, status, body) in cases {
+            let r = Response::refused(refusal);
+            assert_eq!((r.status, r.body.as_slice()), (status, body), "{refusal:?}");
+            assert_eq!(
+                r.headers,
+                vec![
+                    ("content-type", "application/json".to_string()),
+                    ("connection", "close".to_string())
+                ],
+                "{refusal:?}"
+            );
+        }
+        // The names the JS bindings pass.
+        assert_eq!(
+            Refusal::from_name("too_large", 7),
+            Some(Refusal::TooLarge { limit: 7 })
+        );
+        assert_eq!(
+            Refusal::from_name("body_timeout", 9),
+            Some(Refusal::BodyTimeout { ms: 9 })
+        );
+        assert_eq!(
+            Refusal::from_name("unreadable_body", 0),
+            Some(Refusal::UnreadableBody)
+        );
+        assert_eq!(
+            Refusal::from_name("unreadable_target", 0),
+            Some(Refusal::UnreadableTarget)
+        );
+        assert_eq!(Refusal::from_name("teapot", 0), None);
+    }
+
+    #[test]
+    fn get_v1_ws_is_an_upgrade_only_when_it_asks_for_a_websocket() {
+        let mut r = Request {
+            listener: Listener::Public,
+            method: "GET".into(),
+            path: "/v1/ws".into(),
+            query: String::new(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            origin: None,
+        };
+        assert_eq!(r.route(), Route::NotFound);
+        r.headers.push(("upgrade".into(), "h2c".into()));
+        r.headers
+            .push(("connection".into(), "keep-alive, Upgrade".into()));
+        assert_eq!(r.route(), Route::NotFound);
+        r.headers[0].1 = "WebSocket".into();
+        assert_eq!(r.route(), Route::Upgrade);
+        // Both headers: `Upgrade: websocket` alone is no handshake.
+        r.headers[1].1 = "keep-alive".into();
+        assert_eq!(r.route(), Route::NotFound);
+        r.headers[1].1 = "upgrade".into();
+        r.listener = Listener::Admin;
+        assert_eq!(r.route(), Route::NotFound);
+    }
 
     #[test]
     fn retry_after_is_whole_seconds_rounded_up() {

@@ -23,7 +23,7 @@ pub mod outbound;
 pub mod placement;
 pub mod socket;
 
-pub use http::{Listener, Request, Response, Route};
+pub use http::{Listener, Refusal, Request, Response, Route};
 pub use method::{Door, Method};
 pub use outbound::{Fetch, PeerRequest};
 pub use socket::{Answer, Upgrade};

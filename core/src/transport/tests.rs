@@ -51,6 +51,14 @@ fn req(listener: Listener, method: &str, path: &str, body: &[u8]) -> Request {
     }
 }
 
+/// `GET /v1/ws` asking to become a WebSocket.
+fn upgrade_req() -> Request {
+    let mut r = req(Listener::Public, "GET", "/v1/ws", b"");
+    r.headers.push(("connection".into(), "Upgrade".into()));
+    r.headers.push(("upgrade".into(), "websocket".into()));
+    r
+}
+
 fn respond(s: Step) -> Response {
     match s {
         Step::Respond(r) => r,
@@ -342,9 +350,9 @@ fn outbound_requests_are_signed_and_replay_exactly() {
 #[test]
 fn websocket_upgrade_and_messages() {
     let mut a = relay(A, 1);
-    let r = respond(a.handle(&req(Listener::Public, "GET", "/v1/ws", b""), T0));
+    let r = respond(a.handle(&upgrade_req(), T0));
     assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
-    let mut up = req(Listener::Public, "GET", "/v1/ws", b"");
+    let mut up = upgrade_req();
     up.query = "session=nope".into();
     assert_eq!(respond(a.handle(&up, T0)).status, 401);
 
@@ -449,6 +457,8 @@ fn ahead_answers_only_what_the_core_answers_without_its_state_and_exactly_as_it_
     let mut answered = vec![
         req(Listener::Public, "POST", "/v1/no/such", b"{}"),
         req(Listener::Public, "GET", "/v1/message.send", b""),
+        // `GET /v1/ws` that does not ask to upgrade.
+        req(Listener::Public, "GET", "/v1/ws", b""),
         req(Listener::Public, "POST", "/v1/", b"{}"),
         req(Listener::Admin, "POST", "/v1/route.get", ROUTE_GET),
         req(Listener::Public, "POST", "/v1/route.get", &[b' '; 65]),
@@ -471,7 +481,7 @@ fn ahead_answers_only_what_the_core_answers_without_its_state_and_exactly_as_it_
     for r in [
         req(Listener::Public, "POST", "/v1/route.get", ROUTE_GET),
         req(Listener::Public, "GET", "/.well-known/relay", b""),
-        req(Listener::Public, "GET", "/v1/ws", b""),
+        upgrade_req(),
         req(Listener::Admin, "POST", "/admin/v1/status", b"{}"),
     ] {
         assert_eq!(
