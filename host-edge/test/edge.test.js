@@ -9,7 +9,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import WebSocket from 'ws';
-import { Identity } from '../../host-node/pkg/relay_wasm.js';
+import { Identity, RelayCore } from '../../host-node/pkg/relay_wasm.js';
 import { NET, post, eventually, freePort } from '../../host-node/test/helpers.js';
 import { parseArgs } from '../src/launch.js';
 import workerdPackage from 'workerd';
@@ -128,6 +128,15 @@ test('an edge relay: secrets and the admin door, self and local delivery, WebSoc
     assert.equal((await post(`${admin}/admin/v1/deliveries`, {}, token)).status, 200);
     assert.equal((await post(`${admin}/admin/v1/deliveries`, {}, 'nope')).status, 401);
     assert.equal((await fetch(`${admin}/readyz`)).status, 200);
+    // What the host refuses on its own is the core's answer, as on every host: a body over
+    // max_request_bytes, and GET /v1/ws that does not ask to upgrade.
+    const big = await fetch(`${a.url}/v1/route.get`, { method: 'POST', body: 'x'.repeat(300000) });
+    const want = RelayCore.refused('too_large', 262144);
+    assert.equal(big.status, 413);
+    assert.equal(await big.text(), Buffer.from(want.subarray(want.indexOf(10) + 1)).toString());
+    const plain = await fetch(`${a.url}/v1/ws?session=x`);
+    assert.equal(plain.status, 404);
+    assert.equal(await plain.text(), '{"error":{"code":"not_found","message":"no such endpoint"}}');
 
     const alice = await account(a.url);
     const bob = await account(a.url);
