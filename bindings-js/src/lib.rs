@@ -694,6 +694,24 @@ impl RelayCore {
         Ok(response_bytes(&Response::refused(r)))
     }
 
+    /// The answer to a backup step: `{"bytes", "path"}` once written, or 500 `internal` with
+    /// `error` when it was not; as `handle` gives answers.
+    #[wasm_bindgen(js_name = backupAnswer)]
+    pub fn backup_answer(path: &str, bytes: f64, error: Option<String>) -> Vec<u8> {
+        let written = match &error {
+            Some(e) => Err(e.as_str()),
+            None => Ok(bytes as u64),
+        };
+        response_bytes(&Response::backup(path, written))
+    }
+
+    /// The close every WebSocket gets when its relay stops: `[1001, reason]`.
+    #[wasm_bindgen(js_name = stoppingClose)]
+    pub fn stopping_close() -> js_sys::Array {
+        let (code, reason) = socket::STOPPING;
+        js_sys::Array::of2(&JsValue::from(code), &JsValue::from(reason))
+    }
+
     /// The answer frame to a WebSocket message when the host's queue of work is full.
     #[wasm_bindgen(js_name = busyFrame)]
     pub fn busy_frame(text: &str) -> String {

@@ -82,6 +82,8 @@ export const newHostMetrics = () => (core(), new statics.HostMetrics());
 export const transportMetricsText = (m) => core().transportMetrics(m.connections, m.websockets, m.refused.limit, m.refused.perIp, m.busy, m.dropped);
 /** The answer when the work waiting for the core is full: 503 unavailable, Retry-After 1. @returns {Answer} */
 export const busyAnswer = () => /** @type {Answer} */ (stepOf(core().busy()));
+/** The close every WebSocket gets when its relay stops (1001). @returns {[number, string]} */
+export const stoppingClose = () => core().stoppingClose();
 /** The answer frame to a WebSocket message when the work waiting for the core is full. @param {string} text */
 export const busyFrame = (text) => core().busyFrame(text);
 /** `max_request_bytes` under `policies` (the default when not given). @param {Record<string, number>} [policies] */
@@ -119,6 +121,12 @@ export const vettedAddresses = (network, allowPrivate) => core().vettedAddresses
  * @returns {Answer}
  */
 export const refused = (name, n = 0) => /** @type {Answer} */ (stepOf(core().refused(name, n)));
+/**
+ * The answer to a backup step, as the core spells it: `{bytes, path}` once written, or 500
+ * internal with `error`.
+ * @param {string} path @param {number} bytes @param {string | null} error @returns {Answer}
+ */
+export const backupAnswer = (path, bytes, error) => /** @type {Answer} */ (stepOf(core().backupAnswer(path, bytes, error)));
 /** The answer for a call lost before it committed: 500 internal, nothing was accepted. @returns {Answer} */
 export const uncommitted = () => /** @type {Answer} */ (stepOf(core().uncommitted()));
 

@@ -8,7 +8,7 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, busyAnswer, maxAnswer, maxRequestBytes, newAlarm, newHostMetrics, rounds } from './core.js';
+import { Core, backupAnswer, busyAnswer, maxAnswer, maxRequestBytes, newAlarm, newHostMetrics, rounds } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
@@ -41,8 +41,6 @@ function warnOpen(data, log) {
 /** Largest answer read from a peer (the core's): a longer one is an unknown outcome. */
 const MAX_ANSWER = maxAnswer();
 const ROUNDS = rounds();
-/** Errors thrown by a peer exchange that prove the request never left. */
-const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', REFUSED_CODE]);
 
 /** The transport options a relay carries for `serve` (the limits, and the certificate to serve TLS with). */
 export const SERVE_OPTIONS = [...Object.keys(LIMITS), 'tlsCert', 'tlsKey'];
@@ -57,8 +55,6 @@ const EMPTY = new Uint8Array(0);
 const decoder = new TextDecoder();
 /** An exchange's outcome as the core takes it: the answer's status, -1 never sent, -2 sent without an answer. */
 const statusOf = (r) => (r.kind === 'answered' ? r.status : r.kind === 'not_sent' ? -1 : -2);
-/** An answer the host makes itself (a backup's). @param {number} status @param {object} value */
-const answer = (status, value) => ({ status, headers: { 'content-type': 'application/json' }, body: Buffer.from(JSON.stringify(value)) });
 
 /**
  * A request read whole, as the core takes it (`Core.handle`).
@@ -226,10 +222,11 @@ export class Relay extends EventEmitter {
   /** `POST /admin/v1/backup`: the core checked the operator and the path; the copy is made here. */
   async #backup(file) {
     try {
-      return answer(200, await this.backup(file));
+      const r = await this.backup(file);
+      return backupAnswer(r.path, r.bytes, null);
     } catch (e) {
       this.log.error(`backup to ${file}: ${messageOf(e)}`);
-      return answer(500, { error: { code: 'internal', message: `backup: ${messageOf(e)}` } });
+      return backupAnswer(file, 0, messageOf(e));
     }
   }
 
@@ -287,7 +284,8 @@ export class Relay extends EventEmitter {
   /**
    * One HTTP exchange with a peer over node:http(s); never follows redirects or retries
    * (fetch retries a 421 on its own, which would resend a signed request with a used nonce).
-   * `not_sent` only when no connection was made; after that an error or timeout is `unknown`.
+   * `not_sent` only when the request could not have reached the peer (no connection, or no
+   * TLS session); after that an error or timeout is `unknown`.
    */
   exchange(method, url, headers, body, timeout) {
     let u;
@@ -330,13 +328,15 @@ export class Relay extends EventEmitter {
         finish(lost('timeout'));
         req.destroy(new Error('timeout'));
       }, timeout);
+      // Connected once the request can reach the peer: after the TLS handshake for https (a
+      // failed handshake sent none of it), at once on a kept-alive socket.
       req.on('socket', (sock) => {
-        if (!sock.connecting) connected = true;
-        else sock.once('connect', () => (connected = true));
+        if (req.reusedSocket) connected = true;
+        else sock.once(u.protocol === 'https:' ? 'secureConnect' : 'connect', () => (connected = true));
       });
       req.on('error', (e) => {
         if (e?.code === REFUSED_CODE) this.log.warn(`peer refused, not attempted: ${e.message} (--allow-private-peers lifts the address check)`);
-        finish(NOT_SENT.has(e?.code) && !connected ? { kind: 'not_sent', why: e.code } : lost(String(e?.code ?? e?.message)));
+        finish(lost(String(e?.code ?? e?.message)));
       });
       req.end(body);
     });

@@ -15,7 +15,7 @@ import https from 'node:https';
 import path from 'node:path';
 import { WebSocketServer, WebSocket } from 'ws';
 import { Log, messageOf } from './log.js';
-import { busyAnswer, busyFrame, refused, requestHeaders, transportMetricsText, uncommitted } from './core.js';
+import { busyAnswer, busyFrame, refused, requestHeaders, stoppingClose, transportMetricsText, uncommitted } from './core.js';
 import { limitsOf } from './limits.js';
 
 
@@ -421,7 +421,7 @@ export async function serve(relay, opts = {}) {
     // node:http lets go of an upgrading socket: its errors are this handler's from here.
     socket.on('error', (e) => log.debug(`socket error during upgrade: ${messageOf(e)}`));
     const url = urlOf(req.url);
-    if (!url) return reject(socket, 400);
+    if (!url) return reject(socket, 400, refused('unreadable_target'));
     const r = await work(async () => {
       try {
         return await front.handle(requestOf(req, url, EMPTY, false, names));
@@ -544,8 +544,12 @@ export async function serve(relay, opts = {}) {
       // /readyz says so from now on, on both listeners, while requests in flight finish.
       shuttingDown = true;
       clearInterval(pinger);
-      for (const set of sockets.values()) for (const c of set) c.ws.terminate();
+      // Every socket is told the relay is going away (its client reconnects), and cut once
+      // the listeners have closed.
+      const [code, reason] = stoppingClose();
+      for (const set of sockets.values()) for (const c of set) c.ws.close(code, reason);
       await Promise.all([new Promise((resolve) => server.close(resolve)), new Promise((resolve) => admin.close(resolve))]);
+      for (const set of sockets.values()) for (const c of set) c.ws.terminate();
       await front.close();
       // A clean stop takes its admin.url away (if it is still this start's).
       if (adminFile) {

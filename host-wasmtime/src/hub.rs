@@ -4,6 +4,7 @@
 //! lets it fill, and is then dropped ([`Outbox::push`] says so and wakes its socket's task).
 
 use relay_core::transport::host_metrics::HostMetrics;
+use relay_core::transport::socket::STOPPING;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, Notify};
@@ -127,7 +128,7 @@ impl Hub {
         }
     }
 
-    /// Closes every socket with 1001 (the relay is stopping).
+    /// Closes every socket with the core's [`STOPPING`] (1001).
     pub fn close_all(&self) {
         for v in self
             .by_account
@@ -136,10 +137,7 @@ impl Hub {
             .values()
         {
             for c in v {
-                if !c
-                    .out
-                    .push(Outgoing::Close(1001, "the relay is stopping".into()))
-                {
+                if !c.out.push(Outgoing::Close(STOPPING.0, STOPPING.1.into())) {
                     c.out.kill.notify_one();
                 }
             }

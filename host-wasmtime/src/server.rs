@@ -18,7 +18,6 @@ use axum::Router;
 use http_body_util::BodyExt;
 use relay_core::transport::ahead::Verdict;
 use relay_core::transport::{self, socket};
-use relay_core::wire::json::{Object, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -352,22 +351,18 @@ async fn backup(app: &App, shard: u32, path: String) -> Response {
     let path = std::path::PathBuf::from(path);
     let started = std::time::Instant::now();
     let target = path.clone();
-    match app.core(shard).alone(move |c| c.backup(&target)).await {
+    let written = app.core(shard).alone(move |c| c.backup(&target)).await;
+    match &written {
         Ok(bytes) => {
-            tracing::info!(path = %path.display(), bytes, ms = started.elapsed().as_millis() as u64, "backup written");
-            let mut o = Object::new();
-            o.insert("path", path.display().to_string());
-            o.insert("bytes", bytes);
-            native_response(transport::Response::ok(&Value::Object(o)))
+            tracing::info!(path = %path.display(), bytes, ms = started.elapsed().as_millis() as u64, "backup written")
         }
-        Err(e) => {
-            tracing::error!("backup to {}: {e}", path.display());
-            native_response(transport::Response::fail(
-                relay_core::ErrorCode::Internal,
-                &format!("backup: {e}"),
-            ))
-        }
+        Err(e) => tracing::error!("backup to {}: {e}", path.display()),
     }
+    let path = path.display().to_string();
+    native_response(transport::Response::backup(
+        &path,
+        written.as_ref().copied().map_err(String::as_str),
+    ))
 }
 
 /// The close code for an error read from a client's socket: 1009 for a message or frame

@@ -365,11 +365,36 @@ struct WsEnd {
 
 /// Reads server frames until the TCP connection ends or `within` passes.
 fn ws_watch(s: &mut TcpStream, within: Duration) -> WsEnd {
-    let end = read_until_closed(s, within);
-    let (bytes, closed) = match end {
-        End::Open => (Vec::new(), false),
-        End::Closed(b) => (b, true),
-    };
+    match read_until_closed(s, within) {
+        End::Open => ws_frames(&[], false),
+        End::Closed(b) => ws_frames(&b, true),
+    }
+}
+
+/// Reads server frames until a close frame has arrived (the connection may stay open, as
+/// a server waits for the client's close) or `within` passes.
+fn ws_until_close_frame(s: &mut TcpStream, within: Duration) -> WsEnd {
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < within {
+        s.set_read_timeout(Some(Duration::from_millis(200))).ok();
+        match s.read(&mut buf) {
+            Ok(0) => return ws_frames(&got, true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return ws_frames(&got, true),
+        }
+        let end = ws_frames(&got, false);
+        if end.close.is_some() {
+            return end;
+        }
+    }
+    ws_frames(&got, false)
+}
+
+/// The server frames in `bytes`.
+fn ws_frames(bytes: &[u8], closed: bool) -> WsEnd {
     let mut out = WsEnd {
         opcodes: Vec::new(),
         close: None,
@@ -605,6 +630,27 @@ fn odd_upgrade_targets(x: &mut Ctx) {
         );
     }
     x.alive("upgrade requests on odd targets");
+}
+
+/// A relay told to stop (SIGTERM) closes every WebSocket with the core's 1001 (`socket::STOPPING`),
+/// rather than cutting it: the client knows to reconnect. Not hostile, but this suite has the
+/// raw socket reader and one relay per probe and host.
+fn stop_closes_websockets(x: &mut Ctx) {
+    let mut s = ws_raw(x.addr(), &x.alice.sessions[0]);
+    let pid = x.relay.pid().expect("a running relay");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(killed.success());
+    let end = ws_until_close_frame(&mut s, Duration::from_secs(10));
+    let (code, _) = relay_core::transport::socket::STOPPING;
+    assert_eq!(
+        end.close,
+        Some(Some(code)),
+        "the {} relay stopping: {end:?}",
+        x.name()
+    );
 }
 
 /// One bad client frame on a WebSocket: that socket is closed with `code`, another
@@ -1615,6 +1661,12 @@ probe!(
     odd_upgrade_targets,
     odd_upgrade_targets_wasmtime,
     odd_upgrade_targets_node
+);
+probe!(
+    stop_closes_websockets,
+    stop_closes_websockets,
+    stop_closes_websockets_wasmtime,
+    stop_closes_websockets_node
 );
 probe!(ws_rsv1, ws_rsv1, ws_rsv1_wasmtime, ws_rsv1_node);
 probe!(

@@ -253,6 +253,25 @@ fn untrusted(ka: Kind, kb: Kind) {
         "the {} relay delivered over TLS without trusting the CA",
         ka.name()
     );
+    // A failed handshake sent none of the request: every host reports the attempt not
+    // attempted (the core's rule for an exchange that never reached the peer), not unknown.
+    let (status, metrics) = c.http.get(&format!("{}/metrics", a.admin_api()));
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8_lossy(&metrics);
+    let count = |outcome: &str| -> u64 {
+        let line = format!("relay_delivery_attempts_total{{outcome=\"{outcome}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map_or(0, |n| n.trim().parse().unwrap_or(0))
+    };
+    assert!(
+        count("not_attempted") >= 1 && count("unknown") == 0,
+        "the {} relay's attempts through a failed handshake: not_attempted {}, unknown {}",
+        ka.name(),
+        count("not_attempted"),
+        count("unknown")
+    );
 }
 
 macro_rules! pair {

@@ -300,6 +300,20 @@ impl Response {
         Response::json(500, UNCOMMITTED.to_vec(), Vec::new())
     }
 
+    /// The answer to a backup the host was asked for ([`super::Step::Backup`]): `{"bytes",
+    /// "path"}` once it is written, or 500 `internal` saying why it is not.
+    pub fn backup(path: &str, written: Result<u64, &str>) -> Response {
+        match written {
+            Ok(bytes) => {
+                let mut o = crate::wire::json::Object::new();
+                o.insert("path", path);
+                o.insert("bytes", bytes);
+                Response::ok(&Value::Object(o))
+            }
+            Err(why) => Response::fail(ErrorCode::Internal, &format!("backup: {why}")),
+        }
+    }
+
     /// A 200 answer holding `value`, canonical.
     pub fn ok(value: &Value) -> Response {
         Response::json(200, canonical::to_vec(value), Vec::new())
@@ -363,6 +377,23 @@ mod tests {
             Some(Refusal::UnreadableTarget)
         );
         assert_eq!(Refusal::from_name("teapot", 0), None);
+    }
+
+    #[test]
+    fn a_backup_is_answered_with_its_path_and_size_or_why_it_failed() {
+        let ok = Response::backup("/b/relay.db", Ok(4096));
+        assert_eq!(
+            (ok.status, ok.body.as_slice()),
+            (200, br#"{"bytes":4096,"path":"/b/relay.db"}"#.as_slice())
+        );
+        let failed = Response::backup("/b/relay.db", Err("disk full"));
+        assert_eq!(
+            (failed.status, failed.body.as_slice()),
+            (
+                500,
+                br#"{"error":{"code":"internal","message":"backup: disk full"}}"#.as_slice()
+            )
+        );
     }
 
     #[test]

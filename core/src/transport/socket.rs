@@ -16,6 +16,9 @@ pub const EXPIRED: &str = "session expired";
 pub const ENDED: &str = "session ended";
 /// Close reason when the device was revoked.
 pub const REVOKED: &str = "device revoked";
+/// The close every socket gets when its relay stops (1001, going away): the client
+/// reconnects, rather than seeing an abnormal end.
+pub const STOPPING: (u16, &str) = (1001, "the relay is stopping");
 
 /// Who a WebSocket belongs to, decided at the upgrade.
 #[derive(Clone, Debug, PartialEq, Eq)]
