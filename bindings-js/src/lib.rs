@@ -10,6 +10,7 @@ use js_sys::{Array, Function, Reflect, Uint8Array};
 use relay_core::engine::group::Grouped;
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{Caller, Config, Engine, Entropy, Storage, StorageError};
+use relay_core::transport::health;
 use relay_core::transport::http::HEADERS;
 use relay_core::transport::{
     host_metrics, socket, Event, Fetch, Method, Relay, Request, Response, Step,
@@ -703,6 +704,39 @@ impl RelayCore {
             None => Ok(bytes as u64),
         };
         response_bytes(&Response::backup(path, written))
+    }
+
+    /// The health check a request of `method` on `path` is (`live`, `ready`), if it is one
+    /// (`transport::health::Check::of`): the host answers those itself with `healthAnswer`.
+    #[wasm_bindgen(js_name = healthCheck)]
+    pub fn health_check(method: &str, path: &str) -> Option<String> {
+        health::Check::of(method, path).map(|c| c.name().to_string())
+    }
+
+    /// The answer to health check `check` (`live`, `ready`), with why the relay is not
+    /// ready if it is not; as `handle` gives answers.
+    #[wasm_bindgen(js_name = healthAnswer)]
+    pub fn health_answer(check: &str, not_ready: Option<String>) -> Vec<u8> {
+        let check = health::Check::from_name(check).unwrap_or(health::Check::Ready);
+        response_bytes(&health::answer(check, not_ready.as_deref()))
+    }
+
+    /// The content type of the metrics text (Prometheus text format 0.0.4).
+    #[wasm_bindgen(js_name = metricsType)]
+    pub fn metrics_type() -> String {
+        health::METRICS_TYPE.to_string()
+    }
+
+    /// Why a relay is not ready, in the core's words, from what its host knows: shutdown
+    /// begun, the core instance not running, the storage refusing commits.
+    #[wasm_bindgen(js_name = notReady)]
+    pub fn not_ready(stopping: bool, core_down: bool, storage_failing: bool) -> Option<String> {
+        let state = health::State {
+            stopping,
+            core_down,
+            storage_failing,
+        };
+        state.not_ready().map(str::to_string)
     }
 
     /// The close every WebSocket gets when its relay stops: `[1001, reason]`.

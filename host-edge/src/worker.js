@@ -111,14 +111,15 @@ async function readBody(request, limit) {
 let maxRequestBytes = 0;
 const maxBytes = (env) => (maxRequestBytes ||= RelayCore.maxRequestBytes(JSON.stringify(env.CONFIG?.policies ?? {})));
 
-/** The health checks: `/healthz` here, `/readyz` from every shard. */
-async function health(env, path, count) {
-  if (path === '/healthz') return text(200, 'ok\n');
-  for (let k = 0; k < count; k += 1) {
-    const r = await shard(env, k).fetch('https://shard/readyz', { headers: { [SHARD]: String(k) } });
-    if (r.status !== 200) return r;
+/** The health checks (the core's answers): `live` here, `ready` from every shard. */
+async function health(env, check, count) {
+  if (check === 'ready') {
+    for (let k = 0; k < count; k += 1) {
+      const r = await shard(env, k).fetch('https://shard/readyz', { headers: { [SHARD]: String(k) } });
+      if (r.status !== 200) return r;
+    }
   }
-  return text(200, 'ready\n');
+  return respond(stepOf(RelayCore.healthAnswer(check, null)));
 }
 
 /**
@@ -133,7 +134,7 @@ async function metrics(env, count) {
     if (r.status !== 200) return r;
     texts.push(await r.text());
   }
-  return text(200, RelayCore.mergeShardMetrics(texts), 'text/plain; version=0.0.4; charset=utf-8');
+  return text(200, RelayCore.mergeShardMetrics(texts), RelayCore.metricsType());
 }
 
 export default {
@@ -149,7 +150,8 @@ export default {
     /** The shard's object and the request for it. @type {{k: number, init: RequestInit}} */
     let to;
     try {
-      if (request.method === 'GET' && (url.pathname === '/healthz' || url.pathname === '/readyz')) return await health(env, url.pathname, count);
+      const check = RelayCore.healthCheck(request.method, url.pathname);
+      if (check) return await health(env, check, count);
       if (admin && request.method === 'GET' && url.pathname === '/metrics') return await metrics(env, count);
       let body = EMPTY;
       if (request.method === 'POST') {
@@ -293,14 +295,15 @@ export class RelayShard extends DurableObject {
     this.#learn(h.get(SHARD));
     const url = new URL(request.url);
     if (url.pathname === '/readyz') {
-      return this.#ensure() ? text(200, 'ready\n') : text(503, `not ready: ${this.broken ?? 'core instance not running'}\n`);
+      const why = this.#ensure() ? null : RelayCore.notReady(false, true, false) + (this.broken ? `: ${this.broken}` : '');
+      return respond(stepOf(RelayCore.healthAnswer('ready', why)));
     }
     // No core (a store this relay must not open, a bad configuration): every call says why.
     if (!this.#ensure()) return json(503, errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`));
     const admin = h.get(DOOR) === 'admin';
     if (admin && url.pathname === '/metrics') {
       const m = this.#call((c) => c.metrics(), null);
-      return m === null ? text(503, `not ready: ${this.broken ?? 'the core trapped'}\n`) : text(200, m, 'text/plain; version=0.0.4; charset=utf-8');
+      return m === null ? text(503, `not ready: ${this.broken ?? 'the core trapped'}\n`) : text(200, m, RelayCore.metricsType());
     }
     const req = {
       admin,

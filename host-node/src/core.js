@@ -82,6 +82,14 @@ export const newHostMetrics = () => (core(), new statics.HostMetrics());
 export const transportMetricsText = (m) => core().transportMetrics(m.connections, m.websockets, m.refused.limit, m.refused.perIp, m.busy, m.dropped);
 /** The answer when the work waiting for the core is full: 503 unavailable, Retry-After 1. @returns {Answer} */
 export const busyAnswer = () => /** @type {Answer} */ (stepOf(core().busy()));
+/** The content type of the metrics text (Prometheus 0.0.4), the core's. @returns {string} */
+export const metricsType = () => core().metricsType();
+/** The health check a request is (`live`, `ready`), or null: the core decides which. @param {string} method @param {string} path @returns {'live' | 'ready' | null} */
+export const healthCheck = (method, path) => core().healthCheck(method, path) ?? null;
+/** The answer to a health check, in the core's words. @param {'live' | 'ready'} check @param {string | null} notReady @returns {Answer} */
+export const healthAnswer = (check, notReady) => /** @type {Answer} */ (stepOf(core().healthAnswer(check, notReady)));
+/** Why a relay is not ready (the core's words), or null. @param {{stopping?: boolean, coreDown?: boolean, storageFailing?: boolean}} s @returns {string | null} */
+export const notReady = (s) => core().notReady(Boolean(s.stopping), Boolean(s.coreDown), Boolean(s.storageFailing)) ?? null;
 /** The close every WebSocket gets when its relay stops (1001). @returns {[number, string]} */
 export const stoppingClose = () => core().stoppingClose();
 /** The answer frame to a WebSocket message when the work waiting for the core is full. @param {string} text */

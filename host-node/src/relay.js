@@ -8,7 +8,7 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, backupAnswer, busyAnswer, maxAnswer, maxRequestBytes, newAlarm, newHostMetrics, rounds } from './core.js';
+import { Core, backupAnswer, busyAnswer, maxAnswer, notReady, maxRequestBytes, newAlarm, newHostMetrics, rounds } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
@@ -371,11 +371,8 @@ export class Relay extends EventEmitter {
    * @returns {{ready: boolean, reason?: string}}
    */
   ready() {
-    if (this.closed) return { ready: false, reason: 'shutting down' };
-    if (this.storage?.isOpen === false) return { ready: false, reason: 'storage closed' };
-    if (!this.core.committing) return { ready: false, reason: 'the last commit failed' };
-    if (!this.core.healthy) return { ready: false, reason: 'core instance not running' };
-    return { ready: true };
+    const reason = notReady({ stopping: this.closed, coreDown: !this.core.healthy, storageFailing: this.storage?.isOpen === false || !this.core.committing });
+    return reason === null ? { ready: true } : { ready: false, reason };
   }
 
   /**

@@ -15,7 +15,7 @@ import https from 'node:https';
 import path from 'node:path';
 import { WebSocketServer, WebSocket } from 'ws';
 import { Log, messageOf } from './log.js';
-import { busyAnswer, busyFrame, refused, requestHeaders, stoppingClose, transportMetricsText, uncommitted } from './core.js';
+import { busyAnswer, busyFrame, healthAnswer, healthCheck, metricsType, notReady, refused, requestHeaders, stoppingClose, transportMetricsText, uncommitted } from './core.js';
 import { limitsOf } from './limits.js';
 
 
@@ -225,7 +225,7 @@ export async function serve(relay, opts = {}) {
   let shuttingDown = false;
   /** Requests and frames waiting for the core (or the relay thread), at most `maxPending`. */
   let pending = 0;
-  const readiness = async () => (shuttingDown ? { ready: false, reason: 'shutting down' } : front.ready());
+  const readiness = async () => (shuttingDown ? { ready: false, reason: notReady({ stopping: true }) } : front.ready());
   /** @typedef {{device: string, ws: WebSocket, queued: number, alive: boolean, waiting: number}} Conn */
   /** @type {Map<string, Set<Conn>>} */
   const sockets = new Map();
@@ -255,16 +255,11 @@ export async function serve(relay, opts = {}) {
     for (const c of sockets.get(account) ?? []) if (c.device === device_id) c.ws.close(code, reason);
   });
 
-  /** `/healthz` and `/readyz`, on both listeners; false when the request is neither. */
+  /** `/healthz` and `/readyz` (the core says which requests they are), on both listeners; false when the request is neither. */
   const health = async (req, res, pathname) => {
-    if (req.method !== 'GET') return false;
-    if (pathname === '/healthz') {
-      sendText(res, 200, 'ok\n');
-      return true;
-    }
-    if (pathname !== '/readyz') return false;
-    const r = await readiness();
-    sendText(res, r.ready ? 200 : 503, r.ready ? 'ready\n' : `not ready: ${r.reason}\n`);
+    const check = healthCheck(req.method ?? '', pathname);
+    if (check === null) return false;
+    write(res, healthAnswer(check, check === 'ready' ? ((await readiness()).reason ?? null) : null));
     return true;
   };
 
@@ -297,9 +292,7 @@ export async function serve(relay, opts = {}) {
     try {
       const url = urlOf(req.url);
       if (!url) return refuse(req, res, refused('unreadable_target'));
-      if (url.pathname === '/healthz' || url.pathname === '/readyz') {
-        if (await health(req, res, url.pathname)) return undefined;
-      }
+      if (await health(req, res, url.pathname)) return undefined;
       const body = await bodyOf(req, res);
       if (body === null) return undefined;
       const r = await work(() => front.handle(requestOf(req, url, body, false, names)));
@@ -324,7 +317,7 @@ export async function serve(relay, opts = {}) {
       if (await health(req, res, url.pathname)) return undefined;
       if (req.method === 'GET' && url.pathname === '/metrics') {
         const text = (await front.metricsText()) + transportMetricsText(metrics);
-        return sendText(res, 200, text, 'text/plain; version=0.0.4; charset=utf-8');
+        return sendText(res, 200, text, metricsType());
       }
       const body = await bodyOf(req, res);
       if (body === null) return undefined;

@@ -42,17 +42,14 @@ impl Health {
         self.stopping.store(true, Ordering::Relaxed);
     }
 
-    /// Why the relay is not ready, if it is not.
+    /// Why the relay is not ready, if it is not (the core's words).
     pub fn not_ready(&self) -> Option<&'static str> {
-        if self.stopping.load(Ordering::Relaxed) {
-            Some("shutting down")
-        } else if self.core_failed.load(Ordering::Relaxed) {
-            Some("the core instance failed")
-        } else if !self.storage_ok.load(Ordering::Relaxed) {
-            Some("the storage refused the last commit")
-        } else {
-            None
+        relay_core::transport::health::State {
+            stopping: self.stopping.load(Ordering::Relaxed),
+            core_down: self.core_failed.load(Ordering::Relaxed),
+            storage_failing: !self.storage_ok.load(Ordering::Relaxed),
         }
+        .not_ready()
     }
 }
 

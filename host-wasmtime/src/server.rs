@@ -17,7 +17,7 @@ use axum::routing::get;
 use axum::Router;
 use http_body_util::BodyExt;
 use relay_core::transport::ahead::Verdict;
-use relay_core::transport::{self, socket};
+use relay_core::transport::{self, health, socket};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,9 +25,11 @@ use std::sync::Arc;
 /// The relay's public port: everything goes to the core (which answers 404 for what is not
 /// a route), but health checks.
 pub fn router(app: Arc<App>) -> Router {
+    // GET and HEAD of the health checks are the host's (`transport::health`); any other
+    // method there goes to the core like every other request (404).
     Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route("/healthz", get(healthz).fallback(public))
+        .route("/readyz", get(readyz).fallback(public))
         .fallback(public)
         .with_state(app)
 }
@@ -35,9 +37,9 @@ pub fn router(app: Arc<App>) -> Router {
 /// The admin listener: the operator API (the core checks the token), metrics and health checks.
 pub fn admin_router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics).fallback(admin))
+        .route("/healthz", get(healthz).fallback(admin))
+        .route("/readyz", get(readyz).fallback(admin))
         .fallback(admin)
         .with_state(app)
 }
@@ -57,18 +59,12 @@ fn plain(status: StatusCode, body: impl Into<String>) -> Response {
 
 /// Live: the process serves.
 async fn healthz() -> Response {
-    plain(StatusCode::OK, "ok\n")
+    native_response(health::answer(health::Check::Live, None))
 }
 
 /// Ready: the storage takes commits, the core instance is healthy, and shutdown has not begun.
 async fn readyz(State(app): State<Arc<App>>) -> Response {
-    match app.health.not_ready() {
-        None => plain(StatusCode::OK, "ready\n"),
-        Some(why) => plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {why}\n"),
-        ),
-    }
+    native_response(health::answer(health::Check::Ready, app.health.not_ready()))
 }
 
 /// The core's counts (every shard's, merged), then the host's own, in the Prometheus text
@@ -93,11 +89,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         _ => relay_core::engine::metrics::merge_shards(&texts),
     };
     text.push_str(&app.metrics.render());
-    text_response(
-        StatusCode::OK,
-        "text/plain; version=0.0.4; charset=utf-8",
-        text,
-    )
+    text_response(StatusCode::OK, health::METRICS_TYPE, text)
 }
 
 /// 503 unavailable, `Retry-After: 1`: the relay is busy.

@@ -632,6 +632,49 @@ fn odd_upgrade_targets(x: &mut Ctx) {
     x.alive("upgrade requests on odd targets");
 }
 
+/// The health checks are GET and HEAD of `/healthz` and `/readyz`, answered with the core's
+/// words (`transport::health`) on both listeners; any other method there is the core's 404.
+fn health_checks(x: &mut Ctx) {
+    let exchange = |base: &str, method: &str, path: &str| -> Vec<u8> {
+        let addr = base.trim_start_matches("http://");
+        let mut s = TcpStream::connect(addr).expect("connect");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).expect("request");
+        match read_until_closed(&mut s, SLACK) {
+            End::Closed(b) => b,
+            End::Open => panic!("{method} {path} on {base}: no answer and no close"),
+        }
+    };
+    use relay_core::transport::health::{answer, Check};
+    let none = Response::fail(relay_core::ErrorCode::NotFound, "no such endpoint");
+    for base in [x.relay.api(), x.relay.admin_api()] {
+        for (path, check) in [("/healthz", Check::Live), ("/readyz", Check::Ready)] {
+            let want = answer(check, None);
+            let got = exchange(&base, "GET", path);
+            assert_eq!(
+                (status_in(&got), body_in(&got)),
+                (Some(want.status), want.body.as_slice()),
+                "GET {path} on {base}"
+            );
+            let head = exchange(&base, "HEAD", path);
+            assert_eq!(
+                (status_in(&head), body_in(&head)),
+                (Some(200), b"".as_slice()),
+                "HEAD {path} on {base}"
+            );
+            let post = exchange(&base, "POST", path);
+            assert_eq!(
+                (status_in(&post), String::from_utf8_lossy(body_in(&post))),
+                (Some(404), String::from_utf8_lossy(&none.body)),
+                "POST {path} on {base}"
+            );
+        }
+    }
+    x.alive("health checks");
+}
+
 /// A relay told to stop (SIGTERM) closes every WebSocket with the core's 1001 (`socket::STOPPING`),
 /// rather than cutting it: the client knows to reconnect. Not hostile, but this suite has the
 /// raw socket reader and one relay per probe and host.
@@ -1661,6 +1704,12 @@ probe!(
     odd_upgrade_targets,
     odd_upgrade_targets_wasmtime,
     odd_upgrade_targets_node
+);
+probe!(
+    health_checks,
+    health_checks,
+    health_checks_wasmtime,
+    health_checks_node
 );
 probe!(
     stop_closes_websockets,

@@ -14,6 +14,7 @@
 pub mod address;
 pub mod ahead;
 pub mod alarm;
+pub mod health;
 pub mod host_metrics;
 pub mod http;
 pub mod keys;
