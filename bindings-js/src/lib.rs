@@ -460,6 +460,8 @@ impl RelayCore {
     /// or `{"fetch": {relay, url}}`, `{"upgrade": {token, account, device_id, expires_at}}`,
     /// `{"backup": path}`, `{"route": {account, shard}}` (a sharded relay: POST
     /// `{"account"}` to `/v1/route.get` on that shard, `routeFetched`, then submit again).
+    /// `round`: the steps carried out for this request so far (0 the first time); the core
+    /// answers busy rather than ask for another after `transport::ROUNDS`.
     #[allow(clippy::too_many_arguments)]
     pub fn handle(
         &mut self,
@@ -470,11 +472,12 @@ impl RelayCore {
         headers: &str,
         body: Vec<u8>,
         origin: Option<String>,
+        round: u32,
         now: f64,
     ) -> Vec<u8> {
         let req = Request::from_lines(admin, method, path, query, headers, body, origin);
         use relay_core::wire::json::{Object, Value};
-        match self.relay.handle(&req, now as u64) {
+        match self.relay.handle_again(&req, round, now as u64) {
             Step::Respond(r) => response_bytes(&r),
             Step::FetchKey {
                 relay,
@@ -541,11 +544,19 @@ impl RelayCore {
     /// A WebSocket text message of the session `token`: `HEAD\nFRAME`, the answer frame
     /// after a line that is empty, or `{"close"?: [code, reason], "effects"?: [...]}`; or
     /// `{"route": {account, shard}}` and no frame: fetch the route as for `handle`'s route
-    /// step, report it with `routeFetched`, and pass the same message again.
-    pub fn message(&mut self, token: &str, origin: Option<String>, text: &str, now: f64) -> String {
+    /// step, report it with `routeFetched`, and pass the same message again (`round` as for
+    /// `handle`).
+    pub fn message(
+        &mut self,
+        token: &str,
+        origin: Option<String>,
+        text: &str,
+        round: u32,
+        now: f64,
+    ) -> String {
         let a = self
             .relay
-            .message(token, origin.as_deref(), text, now as u64);
+            .message(token, origin.as_deref(), text, round, now as u64);
         let mut out = Vec::with_capacity(a.text.len() + 2);
         if let Some(w) = &a.route {
             // Not answered: it waits for a sibling shard's route (`routeFetched`, then again).
@@ -766,12 +777,6 @@ impl RelayCore {
     #[wasm_bindgen(js_name = uncommittedFrame)]
     pub fn uncommitted_frame(text: &str) -> String {
         socket::uncommitted_frame(text)
-    }
-
-    /// How many times a host carries out a step (`fetch`, `route`) for one request or frame
-    /// before it answers `busy` (or `busyFrame`) instead.
-    pub fn rounds() -> u32 {
-        relay_core::transport::ROUNDS as u32
     }
 
     /// The transports' counts (`relay_core::transport::host_metrics::Transports`) in the

@@ -305,10 +305,10 @@ mod guest {
             host::log(host::Level::Info, "relay core component initialized");
             Ok(())
         }
-        fn handle(request: t::HttpRequest, now: u64) -> t::Step {
+        fn handle(request: t::HttpRequest, round: u32, now: u64) -> t::Step {
             let req = request_of(request);
             let step = with(
-                |relay| relay.handle(&req, now),
+                |relay| relay.handle_again(&req, round, now),
                 || Step::Respond(http::Response::fail(ErrorCode::Internal, NOT_READY)),
             );
             match step {
@@ -338,9 +338,15 @@ mod guest {
         fn shard_of(request: t::HttpRequest, count: u32) -> u32 {
             transport::placement::shard_of(&request_of(request), count)
         }
-        fn message(token: String, origin: Option<String>, text: String, now: u64) -> t::WsAnswer {
+        fn message(
+            token: String,
+            origin: Option<String>,
+            text: String,
+            round: u32,
+            now: u64,
+        ) -> t::WsAnswer {
             let a = with(
-                |relay| relay.message(&token, origin.as_deref(), &text, now),
+                |relay| relay.message(&token, origin.as_deref(), &text, round, now),
                 || transport::Answer {
                     text: socket::answer_frame(
                         socket::frame_id(&text),

@@ -17,7 +17,6 @@ import { Alarm, RelayCore, REQUEST_HEADERS, generation, reset, stepOf, uncommitt
 import { SqlStore, ShardIndex } from './store.js';
 
 const EMPTY = new Uint8Array(0);
-const ROUNDS = RelayCore.rounds();
 /** The keys of CONFIG that are the engine's own options (relay-settings' `Engine`). */
 const ENGINE_KEYS = ['attempt_timeout', 'max_in_flight_per_destination'];
 const encoder = new TextEncoder();
@@ -326,14 +325,15 @@ export class RelayShard extends DurableObject {
    * @returns {Promise<any>}
    */
   async handle(req) {
+    // The core counts the rounds: after its bound it answers busy rather than ask again.
     for (let round = 0; ; round += 1) {
-      const out = this.#call((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, Date.now()), null);
+      const out = this.#call((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, round, Date.now()), null);
       const s = out === null ? uncommitted() : stepOf(out);
-      if ('fetch' in s && round < ROUNDS) {
+      if ('fetch' in s) {
         await this.#fetchKey(s.fetch);
         continue;
       }
-      if ('route' in s && round < ROUNDS) {
+      if ('route' in s) {
         await this.#fetchRoute(s.route);
         continue;
       }
@@ -341,8 +341,6 @@ export class RelayShard extends DurableObject {
       if ('backup' in s) {
         return answer(404, errorBody('not_found', 'backup: the edge host keeps no database file of its own; Durable Object storage is backed up by the platform'));
       }
-      // Still waiting after every round: nothing was accepted, retry in a second.
-      if (!('status' in s)) return stepOf(RelayCore.busy());
       this.#run(s.effects);
       return s;
     }
@@ -421,20 +419,16 @@ export class RelayShard extends DurableObject {
     }
     const textOf = typeof message === 'string' ? message : decoder.decode(message);
     for (let round = 0; ; round += 1) {
-      const out = this.#call((c) => c.message(a.token, a.origin ?? null, textOf, Date.now()), null);
+      const out = this.#call((c) => c.message(a.token, a.origin ?? null, textOf, round, Date.now()), null);
       if (out === null) {
         trySend(ws, RelayCore.uncommittedFrame(textOf));
         return;
       }
       const nl = out.indexOf('\n');
       const head = nl === 0 ? {} : JSON.parse(out.slice(0, nl));
-      if (head.route && round < ROUNDS) {
+      if (head.route) {
         await this.#fetchRoute(head.route);
         continue;
-      }
-      if (head.route) {
-        trySend(ws, RelayCore.busyFrame(textOf));
-        return;
       }
       trySend(ws, out.slice(nl + 1));
       if (head.close) ws.close(head.close[0], head.close[1]);

@@ -96,8 +96,6 @@ export const stoppingClose = () => core().stoppingClose();
 export const busyFrame = (text) => core().busyFrame(text);
 /** `max_request_bytes` under `policies` (the default when not given). @param {Record<string, number>} [policies] */
 export const maxRequestBytes = (policies) => core().maxRequestBytes(JSON.stringify(policies ?? {}));
-/** How many times a step (`fetch`, `route`) is carried out for one request before it is answered busy. */
-export const rounds = () => core().rounds();
 /** The request headers the core reads (lowercase): a host passes only these. @type {() => string[]} */
 export const requestHeaders = () => core().requestHeaders().split(',');
 /**
@@ -297,10 +295,12 @@ export class Core {
    * A request read whole, in a commit group. `req.headers` is `name\nvalue\n` for each of
    * `requestHeaders()` present.
    * @param {{admin: boolean, method: string, path: string, query: string, headers: string, body: Uint8Array, origin: string | null}} req
+   * @param {number} round the steps carried out for it so far (the core bounds them)
+   * @param {number} now
    * @returns {Promise<Step>}
    */
-  handle(req, now) {
-    return this.grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, now));
+  handle(req, round, now) {
+    return this.grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, round, now));
   }
   /** Reports the GET of a `fetch` step: `status` the answer's (with `body`), -1 never sent, -2 no answer. */
   keyFetched(relay, status, body, now) {
@@ -311,7 +311,8 @@ export class Core {
    * @returns {{text: string, close?: [number, string], effects?: object[]}}
    */
   message(token, origin, text, now) {
-    const s = this.guard((c) => c.message(token, origin, text, now), null);
+    // A Node relay has one shard: a frame never waits for a route, so it is always round 0.
+    const s = this.guard((c) => c.message(token, origin, text, 0, now), null);
     if (s === null) return { text: core().uncommittedFrame(text) };
     const nl = s.indexOf('\n');
     return nl === 0 ? { text: s.slice(1) } : { ...JSON.parse(s.slice(0, nl)), text: s.slice(nl + 1) };

@@ -8,7 +8,7 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, backupAnswer, busyAnswer, maxAnswer, notReady, maxRequestBytes, newAlarm, newHostMetrics, rounds } from './core.js';
+import { Core, backupAnswer, maxAnswer, notReady, maxRequestBytes, newAlarm, newHostMetrics } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
@@ -40,7 +40,6 @@ function warnOpen(data, log) {
 
 /** Largest answer read from a peer (the core's): a longer one is an unknown outcome. */
 const MAX_ANSWER = maxAnswer();
-const ROUNDS = rounds();
 
 /** The transport options a relay carries for `serve` (the limits, and the certificate to serve TLS with). */
 export const SERVE_OPTIONS = [...Object.keys(LIMITS), 'tlsCert', 'tlsKey'];
@@ -172,11 +171,12 @@ export class Relay extends EventEmitter {
    * @returns {Promise<Answer | {upgrade: {token: string, account: string, device_id: string, expires_at: number, expiry_close: {code: number, reason: string}}}>}
    */
   async handle(req) {
+    // The core counts the rounds: after its bound it answers busy rather than ask again.
     for (let round = 0; ; round += 1) {
       this.coreCalls += 1;
       const seq = this.fetchSeq;
-      const s = await this.core.handle(req, Date.now());
-      if ('fetch' in s && round < ROUNDS) {
+      const s = await this.core.handle(req, round, Date.now());
+      if ('fetch' in s) {
         // The answer waits for its commit group: a fetch the core said to wait for may have
         // ended meanwhile. Then it goes in again at once, rather than fetching a second time.
         if ((this.fetchedAt.get(s.fetch.relay) ?? -1) < seq || this.keyFetches.has(s.fetch.relay)) await this.#fetchKey(s.fetch);
@@ -184,8 +184,6 @@ export class Relay extends EventEmitter {
       }
       if ('upgrade' in s) return s;
       if ('backup' in s) return this.#backup(s.backup);
-      // Still waiting after every round: nothing was accepted, retry in a second.
-      if (!('status' in s)) return { ...busyAnswer() };
       this.#run(s.effects);
       return { status: s.status, headers: s.headers, body: s.body };
     }

@@ -477,24 +477,33 @@ impl Core {
         r
     }
 
-    /// One HTTP request, to the core: `sending` is the session token when the host saw it is
-    /// a message.send. After a trap, the `internal` answer: nothing was accepted.
-    pub fn handle(&mut self, req: &HttpRequest, sending: Option<&str>, now: u64) -> Step {
-        self.hinted(sending, |i, s| i.call_handle(s, req, now))
+    /// One HTTP request, to the core, after `round` steps carried out for it: `sending` is
+    /// the session token when the host saw it is a message.send. After a trap, the
+    /// `internal` answer: nothing was accepted.
+    pub fn handle(
+        &mut self,
+        req: &HttpRequest,
+        round: u32,
+        sending: Option<&str>,
+        now: u64,
+    ) -> Step {
+        self.hinted(sending, |i, s| i.call_handle(s, req, round, now))
             .unwrap_or_else(|| Step::Respond(uncommitted_response()))
     }
 
-    /// One WebSocket text message of `token`'s socket (`sending`: the host saw a message.send).
+    /// One WebSocket text message of `token`'s socket, after `round` steps carried out for
+    /// it (`sending`: the host saw a message.send).
     pub fn message(
         &mut self,
         token: &str,
         origin: Option<&str>,
         text: &str,
+        round: u32,
         sending: bool,
         now: u64,
     ) -> WsAnswer {
         self.hinted(sending.then_some(token), |i, s| {
-            i.call_message(s, token, origin, text, now)
+            i.call_message(s, token, origin, text, round, now)
         })
         .unwrap_or_else(|| uncommitted_answer(text))
     }

@@ -420,7 +420,7 @@ pub async fn internal(app: &Arc<App>, shard: u32, request: HttpRequest) -> Fetch
     let r = request.clone();
     let step = app
         .core(shard)
-        .run(move |c| c.handle(&r, None, now_ms()))
+        .run(move |c| c.handle(&r, 0, None, now_ms()))
         .await;
     match step {
         Some(Step::Respond(mut r)) => {

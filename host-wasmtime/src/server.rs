@@ -256,13 +256,16 @@ async fn serve(
     let shard = app.shard_of(&request);
     let request = HttpRequest::from(request);
     let request = Arc::new(request);
-    let mut rounds = 0;
+    // The core bounds the rounds: after transport::ROUNDS steps it answers busy itself.
+    let mut round = 0;
     loop {
         let (r, s) = (request.clone(), sending.clone());
         app.core_calls.fetch_add(1, Ordering::Relaxed);
         let step = app
             .core(shard)
-            .run_holding(slot.clone(), move |c| c.handle(&r, s.as_deref(), now_ms()))
+            .run_holding(slot.clone(), move |c| {
+                c.handle(&r, round, s.as_deref(), now_ms())
+            })
             .await;
         let Some(step) = step else {
             return native_response(transport::Response::uncommitted());
@@ -273,10 +276,7 @@ async fn serve(
                 app.dispatch(shard, events);
                 return core_response(r);
             }
-            Step::FetchKey(k) if rounds < transport::ROUNDS => {
-                rounds += 1;
-                crate::outbound::fetch_key(&app, shard, k).await;
-            }
+            Step::FetchKey(k) => crate::outbound::fetch_key(&app, shard, k).await,
             Step::Upgrade(u) => {
                 let Some(up) = upgrade else {
                     return native_response(transport::Response::uncommitted());
@@ -304,13 +304,9 @@ async fn serve(
                     .into_response();
             }
             Step::Backup(path) => return backup(&app, shard, path).await,
-            Step::FetchRoute(w) if rounds < transport::ROUNDS => {
-                rounds += 1;
-                sibling_route(&app, shard, w).await;
-            }
-            // Still waiting after every round: nothing was accepted, retry in a second.
-            Step::FetchKey(_) | Step::FetchRoute(_) => return busy_response(),
+            Step::FetchRoute(w) => sibling_route(&app, shard, w).await,
         }
+        round += 1;
     }
 }
 
@@ -494,25 +490,23 @@ async fn serve_socket(
         };
         // A message.send's envelope may be verified here, ahead of the core's thread.
         let sending = app.ahead.frame(&info.token, &text);
-        let mut route_rounds = 0;
+        let mut round = 0;
         let answer = loop {
             let (token, o, t) = (info.token.clone(), origin.clone(), text.clone());
             let answer = app
                 .core(shard)
                 .run_holding(Some(slot.clone()), move |c| {
-                    c.message(&token, o.as_deref(), &t, sending, now_ms())
+                    c.message(&token, o.as_deref(), &t, round, sending, now_ms())
                 })
                 .await
                 .unwrap_or_else(|| crate::guest::uncommitted_answer(&text));
+            // The frame waits for a sibling shard's route: ask it, then pass it again (the
+            // core answers busy itself after transport::ROUNDS rounds).
             match answer.route {
-                // The frame waits for a sibling shard's route: ask it, then pass it again.
-                Some(w) if route_rounds < transport::ROUNDS => {
-                    route_rounds += 1;
-                    sibling_route(&app, shard, w).await;
-                }
-                Some(_) => break crate::guest::text_answer(socket::busy_frame(&text)),
+                Some(w) => sibling_route(&app, shard, w).await,
                 None => break answer,
             }
+            round += 1;
         };
         app.dispatch(shard, answer.events);
         if !out.push(Outgoing::Text(answer.text)) {

@@ -393,6 +393,13 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         self.siblings.take_wanted()
     }
 
+    /// Makes the next call wait for `account`'s route, as a send to an account of a sibling
+    /// shard does (for tests of the transports' rounds, without a sharded client).
+    #[cfg(test)]
+    pub(crate) fn want_route(&mut self, account: &str) {
+        self.siblings.want(account, 0);
+    }
+
     /// Reports what a sibling shard answered to `route.get` for `account`.
     pub fn sibling_route(&mut self, account: &str, route: shard::SiblingRoute) {
         self.siblings.put(account, route);

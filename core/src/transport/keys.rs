@@ -32,6 +32,8 @@ pub enum Lookup {
     None,
     /// A fetch is needed and [`FETCH_CONCURRENCY`] are in flight.
     Busy,
+    /// A fetch is needed (or in flight) but the request may not wait for one any more.
+    Exhausted,
 }
 
 /// The key book.
@@ -61,7 +63,7 @@ fn remember<V>(m: &mut HashMap<String, V>, k: &str, v: V, live: impl Fn(&V) -> b
 impl KeyBook {
     /// The key of `relay` at `now`; `refresh` asks for a newer one than the cached key (a
     /// signature did not verify under it). A `Fetch` answer marks the fetch in flight.
-    pub fn lookup(&mut self, relay: &str, refresh: bool, now: u64) -> Lookup {
+    pub fn lookup(&mut self, relay: &str, refresh: bool, may_fetch: bool, now: u64) -> Lookup {
         self.inflight
             .retain(|_, since| now.saturating_sub(*since) < FETCH_ABANDONED);
         let cached = self.keys.get(relay).copied();
@@ -69,7 +71,11 @@ impl KeyBook {
             return Lookup::Key(k);
         }
         if self.inflight.contains_key(relay) {
-            return Lookup::Fetch;
+            return if may_fetch {
+                Lookup::Fetch
+            } else {
+                Lookup::Exhausted
+            };
         }
         if self.failed.get(relay).is_some_and(|until| *until > now) {
             return Lookup::None;
@@ -83,6 +89,9 @@ impl KeyBook {
         }
         if self.inflight.len() >= FETCH_CONCURRENCY {
             return Lookup::Busy;
+        }
+        if !may_fetch {
+            return Lookup::Exhausted;
         }
         remember(&mut self.last, relay, now, |at| {
             now.saturating_sub(*at) < FETCH_INTERVAL
@@ -116,35 +125,48 @@ impl KeyBook {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_request_out_of_rounds_starts_no_fetch_and_waits_for_none() {
+        let mut b = KeyBook::default();
+        assert_eq!(b.lookup(R, false, false, 0), Lookup::Exhausted);
+        assert_eq!(b.fetches(), 0, "no fetch started, none left in flight");
+        assert_eq!(b.lookup(R, false, true, 0), Lookup::Fetch);
+        // In flight for another request: this one does not wait for it.
+        assert_eq!(b.lookup(R, false, false, 1), Lookup::Exhausted);
+        b.fetched(R, Some([7; 32]), 2);
+        // A key it has is used on any round.
+        assert_eq!(b.lookup(R, false, false, 3), Lookup::Key([7; 32]));
+    }
+
     const R: &str = "https://r.example";
 
     #[test]
     fn one_fetch_then_the_cached_key() {
         let mut b = KeyBook::default();
-        assert_eq!(b.lookup(R, false, 0), Lookup::Fetch);
+        assert_eq!(b.lookup(R, false, true, 0), Lookup::Fetch);
         // A second request meanwhile waits for the same fetch.
-        assert_eq!(b.lookup(R, false, 1), Lookup::Fetch);
+        assert_eq!(b.lookup(R, false, true, 1), Lookup::Fetch);
         assert_eq!(b.fetches(), 1);
         b.fetched(R, Some([7; 32]), 5);
-        assert_eq!(b.lookup(R, false, 6), Lookup::Key([7; 32]));
+        assert_eq!(b.lookup(R, false, true, 6), Lookup::Key([7; 32]));
     }
 
     #[test]
     fn a_refresh_waits_for_the_interval() {
         let mut b = KeyBook::default();
-        b.lookup(R, false, 0);
+        b.lookup(R, false, true, 0);
         b.fetched(R, Some([7; 32]), 0);
-        assert_eq!(b.lookup(R, true, FETCH_INTERVAL - 1), Lookup::None);
-        assert_eq!(b.lookup(R, true, FETCH_INTERVAL), Lookup::Fetch);
+        assert_eq!(b.lookup(R, true, true, FETCH_INTERVAL - 1), Lookup::None);
+        assert_eq!(b.lookup(R, true, true, FETCH_INTERVAL), Lookup::Fetch);
     }
 
     #[test]
     fn failures_are_remembered() {
         let mut b = KeyBook::default();
-        b.lookup(R, false, 0);
+        b.lookup(R, false, true, 0);
         b.fetched(R, None, 0);
-        assert_eq!(b.lookup(R, false, FETCH_NEGATIVE - 1), Lookup::None);
-        assert_eq!(b.lookup(R, false, FETCH_NEGATIVE), Lookup::Fetch);
+        assert_eq!(b.lookup(R, false, true, FETCH_NEGATIVE - 1), Lookup::None);
+        assert_eq!(b.lookup(R, false, true, FETCH_NEGATIVE), Lookup::Fetch);
         assert_eq!(b.fetches(), 2);
     }
 
@@ -153,13 +175,16 @@ mod tests {
         let mut b = KeyBook::default();
         for i in 0..FETCH_CONCURRENCY {
             assert_eq!(
-                b.lookup(&format!("https://r{i}.example"), false, 0),
+                b.lookup(&format!("https://r{i}.example"), false, true, 0),
                 Lookup::Fetch
             );
         }
-        assert_eq!(b.lookup("https://late.example", false, 1), Lookup::Busy);
         assert_eq!(
-            b.lookup("https://late.example", false, FETCH_ABANDONED),
+            b.lookup("https://late.example", false, true, 1),
+            Lookup::Busy
+        );
+        assert_eq!(
+            b.lookup("https://late.example", false, true, FETCH_ABANDONED),
             Lookup::Fetch
         );
     }

@@ -106,11 +106,11 @@ pub enum Event {
     },
 }
 
-/// How many times a host carries out a step for one request or frame (a key fetch, a
-/// sibling shard's route) and submits it again. A request still waiting after that is
-/// answered [`Response::busy`] (a frame, [`socket::busy_frame`]): nothing was accepted, retry
-/// in a second. The core's books bound the fetches; this bounds a request that keeps asking,
-/// as after a trap that forgot them.
+/// How many steps a request or frame gets (a key fetch, a sibling shard's route) before the
+/// core answers it [`Response::busy`] (a frame, [`socket::busy_frame`]) rather than ask for
+/// another: nothing was accepted, retry in a second. The host says which round it is
+/// ([`Transport::handle_again`]). The core's books bound the fetches; this bounds a request
+/// that keeps asking, as after a trap that forgot them.
 pub const ROUNDS: usize = 3;
 
 /// What the core makes of a request.
@@ -211,6 +211,15 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
 
     /// Handles one request read whole.
     pub fn handle(&mut self, req: &Request, now: u64) -> Step {
+        self.handle_again(req, 0, now)
+    }
+
+    /// Handles a request again after the host carried out `round` steps for it
+    /// ([`Step::FetchKey`], [`Step::FetchRoute`]; 0 the first time). From [`ROUNDS`] on, a
+    /// request that would need another step is answered [`Response::busy`] instead, and no
+    /// fetch is started for it.
+    pub fn handle_again(&mut self, req: &Request, round: u32, now: u64) -> Step {
+        let last = round as usize >= ROUNDS;
         let (door, name) = match req.route() {
             Route::Call(door, name) => (door, name),
             Route::WellKnown => {
@@ -237,11 +246,11 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                         Some(t) => Caller::Session(t.to_string()),
                         None => Caller::Anonymous,
                     };
-                    self.call_step(&caller, req, m, params, now)
+                    self.call_step(&caller, req, m, params, last, now)
                 }
                 Err(e) => Step::Respond(Response::error(&e)),
             },
-            Door::Relay => self.relay_call(req, name, params, now),
+            Door::Relay => self.relay_call(req, name, params, last, now),
             Door::Operator => self.operator_call(req, name, params, now),
         }
     }
@@ -278,7 +287,14 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         }
     }
 
-    fn relay_call(&mut self, req: &Request, name: &str, params: Object, now: u64) -> Step {
+    fn relay_call(
+        &mut self,
+        req: &Request,
+        name: &str,
+        params: Object,
+        last: bool,
+        now: u64,
+    ) -> Step {
         let method = match Method::through(name, Door::Relay) {
             Ok(m) => m,
             Err(e) => return Step::Respond(Response::error(&e)),
@@ -317,12 +333,20 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     Some(_) => Lookup::None,
                 }
             } else {
-                self.keys.lookup(source.as_str(), refused.is_some(), now)
+                self.keys
+                    .lookup(source.as_str(), refused.is_some(), !last, now)
             };
             match lookup {
                 Lookup::Key(key) => match self.engine.authenticate_relay(&checked, &key, now) {
                     Ok(source) => {
-                        return self.call_step(&Caller::Relay(source), req, method, params, now)
+                        return self.call_step(
+                            &Caller::Relay(source),
+                            req,
+                            method,
+                            params,
+                            last,
+                            now,
+                        )
                     }
                     // Under the cached key it failed: a newer key may have been published.
                     Err(e) if refused.is_none() => refused = Some(e),
@@ -344,6 +368,8 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     });
                     return Step::Respond(Response::error(&e));
                 }
+                // Still waiting after every round: nothing was accepted, retry in a second.
+                Lookup::Exhausted => return Step::Respond(Response::busy()),
                 Lookup::Busy => {
                     let mut d = Object::new();
                     d.insert("retry_after", 1000u64);
@@ -394,10 +420,13 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         req: &Request,
         method: Method,
         params: Object,
+        last: bool,
         now: u64,
     ) -> Step {
         let r = self.call_parsed(caller, req, method, params, now);
         match self.wanted() {
+            // Still waiting after every round: nothing was accepted, retry in a second.
+            Some(_) if last => Step::Respond(Response::busy()),
             Some(w) => Step::FetchRoute(w),
             None => Step::Respond(r),
         }
@@ -431,8 +460,17 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         }
     }
 
-    /// Handles one text message of a WebSocket opened with [`Step::Upgrade`] for `token`.
-    pub fn message(&mut self, token: &str, origin: Option<&str>, text: &str, now: u64) -> Answer {
+    /// Handles one text message of a WebSocket opened with [`Step::Upgrade`] for `token`;
+    /// `round` as for [`Transport::handle_again`] (an answer with `route` is a step): from
+    /// [`ROUNDS`] on, the busy frame instead.
+    pub fn message(
+        &mut self,
+        token: &str,
+        origin: Option<&str>,
+        text: &str,
+        round: u32,
+        now: u64,
+    ) -> Answer {
         let f = match frame::parse(text.as_bytes()) {
             Ok(f) => f,
             Err((id, e)) => {
@@ -465,11 +503,17 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             now,
         );
         if let Some(w) = self.wanted() {
+            let last = round as usize >= ROUNDS;
             return Answer {
-                text: String::new(),
+                // Still waiting after every round: nothing was accepted, retry in a second.
+                text: if last {
+                    socket::busy_frame(text)
+                } else {
+                    String::new()
+                },
                 close: None,
                 effects: Vec::new(),
-                route: Some(w),
+                route: (!last).then_some(w),
             };
         }
         let closed = r.http_status() == 401;

@@ -293,6 +293,57 @@ fn a_failed_fetch_is_remembered_and_fetches_are_capped() {
 }
 
 #[test]
+fn a_request_still_waiting_after_every_round_is_answered_busy_and_starts_no_fetch() {
+    let mut a = relay(A, 1);
+    let mut b = relay(B, 2);
+    let r = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    // Out of rounds at once: busy, to the byte, and no fetch started or left in flight.
+    assert_eq!(
+        b.handle_again(&r, ROUNDS as u32, T0),
+        Step::Respond(Response::busy())
+    );
+    assert_eq!(b.key_fetches(), 0);
+    // Each round before that is a step; a host that forgets nothing ends in one.
+    for round in 0..ROUNDS as u32 {
+        assert!(
+            matches!(b.handle_again(&r, round, T0), Step::FetchKey { .. }),
+            "round {round}"
+        );
+    }
+    assert_eq!(b.key_fetches(), 1, "one fetch, waited for on every round");
+    assert_eq!(
+        b.handle_again(&r, ROUNDS as u32, T0),
+        Step::Respond(Response::busy())
+    );
+    // Once the key is in, the last round is answered as any other.
+    b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0);
+    assert_eq!(respond(b.handle_again(&r, ROUNDS as u32, T0)).status, 404);
+    // A frame whose call waits for a sibling shard's route: a step before the last round,
+    // the busy frame at it.
+    let frame = r#"{"id":1,"method":"message.timeline.sync","params":{}}"#;
+    b.engine.want_route("acc");
+    let waiting = b.message("tok", None, frame, ROUNDS as u32 - 1, T0);
+    assert_eq!(waiting.route.map(|w| w.account), Some("acc".to_string()));
+    b.engine.want_route("acc");
+    let busy = b.message("tok", None, frame, ROUNDS as u32, T0);
+    assert_eq!((busy.route, busy.text), (None, socket::busy_frame(frame)));
+    // The same call over HTTP.
+    let mut sync = req(Listener::Public, "POST", "/v1/message.timeline.sync", b"{}");
+    sync.headers
+        .push(("authorization".into(), "Bearer tok".into()));
+    b.engine.want_route("acc");
+    assert!(matches!(
+        b.handle_again(&sync, ROUNDS as u32 - 1, T0),
+        Step::FetchRoute(_)
+    ));
+    b.engine.want_route("acc");
+    assert_eq!(
+        b.handle_again(&sync, ROUNDS as u32, T0),
+        Step::Respond(Response::busy())
+    );
+}
+
+#[test]
 fn a_key_that_no_longer_verifies_is_refreshed_once_per_interval() {
     let mut a = relay(A, 1);
     let mut b = relay(B, 2);
@@ -356,13 +407,14 @@ fn websocket_upgrade_and_messages() {
     up.query = "session=nope".into();
     assert_eq!(respond(a.handle(&up, T0)).status, 401);
 
-    let garbage = a.message("tok", None, "not json", T0);
+    let garbage = a.message("tok", None, "not json", 0, T0);
     assert!(garbage.text.starts_with(r#"{"error""#) && garbage.text.ends_with(r#""id":null}"#));
     assert_eq!(garbage.close, None);
     let admin = a.message(
         "tok",
         None,
         r#"{"id":1,"method":"admin.deliveries","params":{}}"#,
+        0,
         T0,
     );
     assert!(admin.text.contains("not_found"), "{}", admin.text);
@@ -370,6 +422,7 @@ fn websocket_upgrade_and_messages() {
         "tok",
         None,
         r#"{"id":"x","method":"message.timeline.sync","params":{}}"#,
+        0,
         T0,
     );
     assert_eq!(ended.close, Some((4401, "session ended")));
