@@ -368,12 +368,16 @@ fn step_line(key: &str, value: &relay_core::wire::json::Value) -> Vec<u8> {
     out
 }
 
-/// `{"account", "shard"}` of a route a call waits for.
+/// `{"account", "shard", "path", "body"}` of a route a call waits for: the request to POST to
+/// that shard (the core's), then report with `routeFetched`.
 fn route_wanted(w: &relay_core::transport::RouteWanted) -> relay_core::wire::json::Value {
     use relay_core::wire::json::{Object, Value};
+    let ask = w.request();
     let mut o = Object::new();
     o.insert("account", w.account.as_str());
     o.insert("shard", u64::from(w.shard));
+    o.insert("path", ask.path);
+    o.insert("body", String::from_utf8_lossy(&ask.body).into_owned());
     Value::Object(o)
 }
 
@@ -458,8 +462,8 @@ impl RelayCore {
     /// `requestHeaders` present; `origin` the peer's IP address (none in process). Returns a
     /// line of JSON and, for an answer, its body: `{"status", "headers", "effects"?}\nBODY`,
     /// or `{"fetch": {relay, url}}`, `{"upgrade": {token, account, device_id, expires_at}}`,
-    /// `{"backup": path}`, `{"route": {account, shard}}` (a sharded relay: POST
-    /// `{"account"}` to `/v1/route.get` on that shard, `routeFetched`, then submit again).
+    /// `{"backup": path}`, `{"route": {account, shard, path, body}}` (a sharded relay: POST
+    /// `body` to `path` on that shard, `routeFetched`, then submit again).
     /// `round`: the steps carried out for this request so far (0 the first time); the core
     /// answers busy rather than ask for another after `transport::ROUNDS`.
     #[allow(clippy::too_many_arguments)]

@@ -365,8 +365,9 @@ export class RelayShard extends DurableObject {
   }
 
   /** Runs `route.get` for `account` on its shard and reports the answer (a sharded relay). */
-  async #fetchRoute({ account, shard: k }) {
-    const r = await this.#internal(k, 'POST', '/v1/route.get', '', encoder.encode(JSON.stringify({ account })));
+  async #fetchRoute({ account, shard: k, path, body }) {
+    // The core's request for the sibling: route.get of the account.
+    const r = await this.#internal(k, 'POST', path, '', encoder.encode(body));
     this.#call((c) => c.routeFetched(account, r.status, r.body), undefined);
   }
 

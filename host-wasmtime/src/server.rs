@@ -310,24 +310,16 @@ async fn serve(
     }
 }
 
-/// Asks sibling shard `w.shard` for `w.account`'s route (`route.get`, as a public request to
-/// its core) and reports the answer to shard `shard`, whose call waits for it.
+/// Asks sibling shard `w.shard` for `w.account`'s route (the core's request, handed to its
+/// core) and reports the answer to shard `shard`, whose call waits for it.
 async fn sibling_route(app: &Arc<App>, shard: u32, w: RouteWanted) {
-    let mut body = Vec::with_capacity(64);
-    body.extend_from_slice(b"{\"account\":");
-    relay_core::wire::canonical::write_string(&w.account, &mut body);
-    body.push(b'}');
-    let request = HttpRequest {
-        listener: Listener::Public,
-        method: "POST".into(),
-        path: "/v1/route.get".into(),
-        query: String::new(),
-        headers: Vec::new(),
-        body,
-        origin: None,
+    let wanted = transport::RouteWanted {
+        account: w.account,
+        shard: w.shard,
     };
-    let fetch = crate::outbound::internal(app, w.shard, request).await;
-    let account = w.account;
+    let request = HttpRequest::from(wanted.request());
+    let fetch = crate::outbound::internal(app, wanted.shard, request).await;
+    let account = wanted.account;
     app.core(shard)
         .run(move |c| c.route_fetched(&account, &fetch))
         .await;

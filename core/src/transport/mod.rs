@@ -153,6 +153,26 @@ pub struct RouteWanted {
     pub shard: u32,
 }
 
+impl RouteWanted {
+    /// The request that asks shard `shard` for the route: a public `POST /v1/route.get` of
+    /// `{"account"}`, from no address, for the host to hand to that shard's core.
+    pub fn request(&self) -> Request {
+        let mut body = Vec::with_capacity(self.account.len() + 16);
+        body.extend_from_slice(b"{\"account\":");
+        canonical::write_string(&self.account, &mut body);
+        body.push(b'}');
+        Request {
+            listener: Listener::Public,
+            method: "POST".into(),
+            path: "/v1/route.get".into(),
+            query: String::new(),
+            headers: Vec::new(),
+            body,
+            origin: None,
+        }
+    }
+}
+
 /// What a tick did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tick {

@@ -327,6 +327,14 @@ fn a_request_still_waiting_after_every_round_is_answered_busy_and_starts_no_fetc
     b.engine.want_route("acc");
     let busy = b.message("tok", None, frame, ROUNDS as u32, T0);
     assert_eq!((busy.route, busy.text), (None, socket::busy_frame(frame)));
+    // What the host hands the sibling shard: route.get of the account, as the core reads it.
+    let w = RouteWanted {
+        account: "acc".into(),
+        shard: 1,
+    };
+    let ask = w.request();
+    assert_eq!(ask.route(), Route::Call(Door::Client, "route.get"));
+    assert_eq!(ask.body, br#"{"account":"acc"}"#);
     // The same call over HTTP.
     let mut sync = req(Listener::Public, "POST", "/v1/message.timeline.sync", b"{}");
     sync.headers
