@@ -547,7 +547,7 @@ impl RelayCore {
 
     /// A WebSocket text message of the session `token`: `HEAD\nFRAME`, the answer frame
     /// after a line that is empty, or `{"close"?: [code, reason], "effects"?: [...]}`; or
-    /// `{"route": {account, shard}}` and no frame: fetch the route as for `handle`'s route
+    /// `{"route": {account, shard, path, body}}` and no frame: fetch the route as for `handle`'s route
     /// step, report it with `routeFetched`, and pass the same message again (`round` as for
     /// `handle`).
     pub fn message(
@@ -731,9 +731,11 @@ impl RelayCore {
     /// The answer to health check `check` (`live`, `ready`), with why the relay is not
     /// ready if it is not; as `handle` gives answers.
     #[wasm_bindgen(js_name = healthAnswer)]
-    pub fn health_answer(check: &str, not_ready: Option<String>) -> Vec<u8> {
-        let check = health::Check::from_name(check).unwrap_or(health::Check::Ready);
-        response_bytes(&health::answer(check, not_ready.as_deref()))
+    pub fn health_answer(check: &str, not_ready: Option<String>) -> Result<Vec<u8>, JsValue> {
+        let check = health::Check::from_name(check).ok_or_else(|| {
+            JsValue::from(js_sys::Error::new(&format!("no health check {check}")))
+        })?;
+        Ok(response_bytes(&health::answer(check, not_ready.as_deref())))
     }
 
     /// The content type of the metrics text (Prometheus text format 0.0.4).

@@ -51,17 +51,21 @@
 //!     body: br#"{"account":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#.to_vec(),
 //!     origin: Some("192.0.2.7".into()),
 //! };
+//! // Each submission names its round: after transport::ROUNDS steps the core answers busy.
+//! let mut round = 0;
 //! let answer = loop {
-//!     match relay.handle(&request, now) {
+//!     match relay.handle_again(&request, round, now) {
 //!         Step::Respond(r) => break r,
 //!         // A relay request from a relay whose key is not known yet: GET the URL,
 //!         // report what came back, and submit the request again.
 //!         Step::FetchKey { relay: peer, .. } => relay.key_fetched(&peer, Fetch::NotSent, now),
-//!         // A sharded relay only: ask shard `w.shard` for the route, report, submit again.
+//!         // A sharded relay only: ask shard `w.shard` for the route (`w.request()`), report,
+//!         // submit again.
 //!         Step::FetchRoute(w) => relay.route_fetched(&w.account, Fetch::NotSent),
 //!         Step::Upgrade(_) => unreachable!("only GET /v1/ws upgrades"),
 //!         Step::Backup { .. } => unreachable!("only the operator asks for backups"),
 //!     }
+//!     round += 1;
 //! };
 //! assert_eq!(answer.status, 404); // no route is held for that account
 //!

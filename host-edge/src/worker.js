@@ -28,8 +28,7 @@ const SHARD = 'x-relay-shard';
 const REQUEST_NAMES = new Set(REQUEST_HEADERS);
 
 /** The error body of protocol.md §4, for what the host answers itself. */
-const json = (status, value, extra = {}) =>
-  new Response(JSON.stringify(value), { status, headers: { 'content-type': 'application/json', ...extra } });
+const json = (status, value) => new Response(JSON.stringify(value), { status, headers: { 'content-type': 'application/json' } });
 const text = (status, body, type = 'text/plain; charset=utf-8') => new Response(body, { status, headers: { 'content-type': type } });
 const errorBody = (code, message) => ({ error: { code, message } });
 
@@ -151,7 +150,7 @@ export default {
     try {
       const check = RelayCore.healthCheck(request.method, url.pathname);
       if (check) return await health(env, check, count);
-      if (admin && request.method === 'GET' && url.pathname === '/metrics') return await metrics(env, count);
+      if (admin && (request.method === 'GET' || request.method === 'HEAD') && url.pathname === '/metrics') return await metrics(env, count);
       let body = EMPTY;
       if (request.method === 'POST') {
         const b = await readBody(request, maxBytes(env));
@@ -293,16 +292,18 @@ export class RelayShard extends DurableObject {
     const h = request.headers;
     this.#learn(h.get(SHARD));
     const url = new URL(request.url);
-    if (url.pathname === '/readyz') {
+    // The Worker's own calls (a GET each): readiness, and the metrics of the admin door.
+    if (request.method === 'GET' && url.pathname === '/readyz') {
       const why = this.#ensure() ? null : RelayCore.notReady(false, true, false) + (this.broken ? `: ${this.broken}` : '');
       return respond(stepOf(RelayCore.healthAnswer('ready', why)));
     }
     // No core (a store this relay must not open, a bad configuration): every call says why.
     if (!this.#ensure()) return json(503, errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`));
     const admin = h.get(DOOR) === 'admin';
-    if (admin && url.pathname === '/metrics') {
+    if (admin && request.method === 'GET' && url.pathname === '/metrics') {
       const m = this.#call((c) => c.metrics(), null);
-      return m === null ? text(503, `not ready: ${this.broken ?? 'the core trapped'}\n`) : text(200, m, RelayCore.metricsType());
+      const why = () => RelayCore.notReady(false, true, false) + (this.broken ? `: ${this.broken}` : '');
+      return m === null ? respond(stepOf(RelayCore.healthAnswer('ready', why()))) : text(200, m, RelayCore.metricsType());
     }
     const req = {
       admin,
@@ -341,6 +342,7 @@ export class RelayShard extends DurableObject {
       if ('backup' in s) {
         return answer(404, errorBody('not_found', 'backup: the edge host keeps no database file of its own; Durable Object storage is backed up by the platform'));
       }
+      if (!('status' in s)) return uncommitted();
       this.#run(s.effects);
       return s;
     }

@@ -134,6 +134,11 @@ test('an edge relay: secrets and the admin door, self and local delivery, WebSoc
     const want = RelayCore.refused('too_large', 262144);
     assert.equal(big.status, 413);
     assert.equal(await big.text(), Buffer.from(want.subarray(want.indexOf(10) + 1)).toString());
+    // The health checks answer GET (and HEAD) in the core's words; another method is no endpoint.
+    assert.equal(await (await fetch(`${a.url}/readyz`)).text(), 'ready\n');
+    assert.equal((await fetch(`${a.url}/readyz`, { method: 'HEAD' })).status, 200);
+    assert.equal((await fetch(`${a.url}/readyz`, { method: 'POST', body: '{}' })).status, 404);
+    assert.equal((await fetch(`${admin}/metrics`, { method: 'POST', body: '{}' })).status, 404);
     const plain = await fetch(`${a.url}/v1/ws?session=x`);
     assert.equal(plain.status, 404);
     assert.equal(await plain.text(), '{"error":{"code":"not_found","message":"no such endpoint"}}');

@@ -7,6 +7,7 @@ import { Worker } from 'node:worker_threads';
 import { addon } from './native.js';
 import { Ahead, preverifying } from './preverify.js';
 import { Log } from './log.js';
+import { notReady } from './core.js';
 import { SERVE_OPTIONS } from './relay.js';
 
 const WORKER = new URL('./relay-thread-worker.js', import.meta.url);
@@ -115,8 +116,8 @@ export class RelayThread extends EventEmitter {
    * @returns {Promise<{ready: boolean, reason?: string}>}
    */
   async ready() {
-    if (this.gone) return { ready: false, reason: 'the relay thread is gone' };
-    if (this.closing) return { ready: false, reason: 'shutting down' };
+    if (this.gone) return { ready: false, reason: notReady({ coreDown: true }) };
+    if (this.closing) return { ready: false, reason: notReady({ stopping: true }) };
     try {
       return await this.#call('ready', []);
     } catch (e) {

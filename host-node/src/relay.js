@@ -8,7 +8,7 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, backupAnswer, maxAnswer, notReady, maxRequestBytes, newAlarm, newHostMetrics } from './core.js';
+import { Core, backupAnswer, maxAnswer, notReady, maxRequestBytes, newAlarm, newHostMetrics, uncommitted } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
@@ -184,6 +184,8 @@ export class Relay extends EventEmitter {
       }
       if ('upgrade' in s) return s;
       if ('backup' in s) return this.#backup(s.backup);
+      // A step this host does not carry out (a sibling's route: it has one shard) accepted nothing.
+      if (!('status' in s)) return uncommitted();
       this.#run(s.effects);
       return { status: s.status, headers: s.headers, body: s.body };
     }

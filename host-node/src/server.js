@@ -315,7 +315,7 @@ export async function serve(relay, opts = {}) {
       const url = urlOf(req.url);
       if (!url) return refuse(req, res, refused('unreadable_target'));
       if (await health(req, res, url.pathname)) return undefined;
-      if (req.method === 'GET' && url.pathname === '/metrics') {
+      if ((req.method === 'GET' || req.method === 'HEAD') && url.pathname === '/metrics') {
         const text = (await front.metricsText()) + transportMetricsText(metrics);
         return sendText(res, 200, text, metricsType());
       }
@@ -403,7 +403,10 @@ export async function serve(relay, opts = {}) {
   /** A raw answer on a socket that asked to upgrade, then closed: the core's answer as it is, or a bare status. */
   const reject = (socket, status, a = null) => {
     if (!socket.destroyed && socket.writable) {
-      const head = Object.entries(a?.headers ?? {}).map(([k, v]) => `${k}: ${v}\r\n`).join('');
+      const head = Object.entries(a?.headers ?? {})
+        .filter(([k]) => k !== 'connection')
+        .map(([k, v]) => `${k}: ${v}\r\n`)
+        .join('');
       socket.write(`HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? ''}\r\n${head}Content-Length: ${a?.body.length ?? 0}\r\nConnection: close\r\n\r\n`);
       socket.end(a?.body);
     }
@@ -537,12 +540,15 @@ export async function serve(relay, opts = {}) {
       // /readyz says so from now on, on both listeners, while requests in flight finish.
       shuttingDown = true;
       clearInterval(pinger);
-      // Every socket is told the relay is going away (its client reconnects), and cut once
-      // the listeners have closed.
+      // Every socket is told the relay is going away (its client reconnects); one whose
+      // client does not answer the close within a second is cut, since the server waits for
+      // its upgraded sockets too.
       const [code, reason] = stoppingClose();
-      for (const set of sockets.values()) for (const c of set) c.ws.close(code, reason);
+      const all = () => [...sockets.values()].flatMap((set) => [...set]);
+      for (const c of all()) c.ws.close(code, reason);
+      const cut = setTimeout(() => all().forEach((c) => c.ws.terminate()), 1000);
       await Promise.all([new Promise((resolve) => server.close(resolve)), new Promise((resolve) => admin.close(resolve))]);
-      for (const set of sockets.values()) for (const c of set) c.ws.terminate();
+      clearTimeout(cut);
       await front.close();
       // A clean stop takes its admin.url away (if it is still this start's).
       if (adminFile) {

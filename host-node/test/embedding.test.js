@@ -6,7 +6,7 @@ import path from 'node:path';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { createRelay, MemoryStorage, SqliteStorage } from '../src/index.js';
-import { Identity } from '../pkg/relay_wasm.js';
+import { Identity, RelayCore } from '../pkg/relay_wasm.js';
 import { NET, register, message, texts, as, eventually } from './helpers.js';
 
 async function localDelivery(storage, opts = {}) {
@@ -119,22 +119,28 @@ test('a trap inside wasm answers internal and the relay goes on with a fresh ins
   await relay.close();
 });
 
-test('a request goes in again after each step with its round, which the core bounds (transport::ROUNDS)', async () => {
+test('a request goes in again after each step with its round, and the core answers the last round busy (transport::ROUNDS)', async () => {
   const relay = await createRelay({ relay: 'http://127.0.0.1:1' });
-  // A core that asks for the same key three times (as one that forgets it, after traps,
-  // would), then answers as the real one does.
-  const step = new TextEncoder().encode('{"fetch":{"relay":"http://127.0.0.1:9","timeout_ms":200,"url":"http://127.0.0.1:9/.well-known/relay"}}\n');
+  // A relay request signed by a relay whose key this one has not fetched.
+  const peer = await createRelay({ relay: 'http://127.0.0.1:9' });
+  const body = '{"account":"x"}';
+  const h = JSON.parse(peer.core.inner.signRequest('route.get', 'http://127.0.0.1:1', body, Date.now()));
+  const headers = `relay-id\n${h.relay_id}\nrelay-timestamp\n${h.timestamp}\nrelay-nonce\n${h.nonce}\nrelay-signature\n${h.signature}\n`;
+  // A core that asks for another relay's key three times (as one that forgets, after traps,
+  // would), then the real one, on its last round: out of rounds before it has the key.
+  const step = new TextEncoder().encode('{"fetch":{"relay":"http://127.0.0.1:8","timeout_ms":200,"url":"http://127.0.0.1:8/.well-known/relay"}}\n');
   const real = relay.core.inner.handle.bind(relay.core.inner);
   const rounds = [];
   relay.core.inner.handle = (...args) => {
     rounds.push(args[7]);
     return rounds.length <= 3 ? step : real(...args);
   };
-  const body = new TextEncoder().encode('{}');
-  const r = await relay.handle({ admin: false, method: 'POST', path: '/relay/v1/message.deliver', query: '', headers: '', body, origin: null });
+  const r = await relay.handle({ admin: false, method: 'POST', path: '/relay/v1/route.get', query: '', headers, body: new TextEncoder().encode(body), origin: null });
   assert.deepEqual(rounds, [0, 1, 2, 3], 'each submission names its round');
-  assert.equal(r.status, 401, 'the real core answers the fourth');
+  const busy = RelayCore.busy();
+  assert.deepEqual([r.status, r.headers, Buffer.from(r.body).toString()], [503, { 'content-type': 'application/json', 'retry-after': '1' }, Buffer.from(busy.subarray(busy.indexOf(10) + 1)).toString()]);
   await relay.close();
+  await peer.close();
 });
 
 /** Makes the relay's current core instance trap on its next call of `method`, as a Rust panic would. */

@@ -672,6 +672,20 @@ fn health_checks(x: &mut Ctx) {
             );
         }
     }
+    // The metrics on the admin listener: GET and HEAD; another method is the core's 404.
+    let admin = x.relay.admin_api();
+    let head = exchange(&admin, "HEAD", "/metrics");
+    assert_eq!(
+        (status_in(&head), body_in(&head)),
+        (Some(200), b"".as_slice()),
+        "HEAD /metrics"
+    );
+    let post = exchange(&admin, "POST", "/metrics");
+    assert_eq!(
+        (status_in(&post), String::from_utf8_lossy(body_in(&post))),
+        (Some(404), String::from_utf8_lossy(&none.body)),
+        "POST /metrics"
+    );
     x.alive("health checks");
 }
 

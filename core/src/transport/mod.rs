@@ -109,7 +109,7 @@ pub enum Event {
 /// How many steps a request or frame gets (a key fetch, a sibling shard's route) before the
 /// core answers it [`Response::busy`] (a frame, [`socket::busy_frame`]) rather than ask for
 /// another: nothing was accepted, retry in a second. The host says which round it is
-/// ([`Transport::handle_again`]). The core's books bound the fetches; this bounds a request
+/// ([`Relay::handle_again`]). The core's books bound the fetches; this bounds a request
 /// that keeps asking, as after a trap that forgot them.
 pub const ROUNDS: usize = 3;
 
@@ -229,7 +229,8 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         canonical::to_vec(&self.engine.well_known(&self.public))
     }
 
-    /// Handles one request read whole.
+    /// Handles one request read whole, the first time (round 0); after a step, submit it
+    /// again with [`Relay::handle_again`], which bounds the rounds.
     pub fn handle(&mut self, req: &Request, now: u64) -> Step {
         self.handle_again(req, 0, now)
     }
@@ -481,7 +482,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
     }
 
     /// Handles one text message of a WebSocket opened with [`Step::Upgrade`] for `token`;
-    /// `round` as for [`Transport::handle_again`] (an answer with `route` is a step): from
+    /// `round` as for [`Relay::handle_again`] (an answer with `route` is a step): from
     /// [`ROUNDS`] on, the busy frame instead.
     pub fn message(
         &mut self,

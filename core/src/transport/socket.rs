@@ -94,7 +94,8 @@ pub fn frame_id(text: &str) -> Value {
     }
 }
 
-/// The answer frame a host sends when its queue of work for the core is full.
+/// The answer frame when the host's queue of work for the core is full, or a frame's rounds
+/// ran out ([`super::ROUNDS`]).
 pub fn busy_frame(text: &str) -> String {
     answer_frame(frame_id(text), 503, super::http::BUSY)
 }
