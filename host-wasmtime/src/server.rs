@@ -52,11 +52,6 @@ fn text_response(status: StatusCode, content_type: &'static str, body: String) -
     r
 }
 
-/// A plain-text answer.
-fn plain(status: StatusCode, body: impl Into<String>) -> Response {
-    text_response(status, "text/plain; charset=utf-8", body.into())
-}
-
 /// Live: the process serves.
 async fn healthz() -> Response {
     native_response(health::answer(health::Check::Live, None))
@@ -79,8 +74,8 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
                     Some(Err(e)) => format!(": {e}"),
                     _ => String::new(),
                 };
-                let text = format!("the core's metrics could not be read{why}\n");
-                return plain(StatusCode::INTERNAL_SERVER_ERROR, text);
+                let why = format!("the core's metrics could not be read{why}");
+                return native_response(health::answer(health::Check::Ready, Some(&why)));
             }
         }
     }
