@@ -595,7 +595,9 @@ async function reachable(u, timeout) {
   let socket;
   let timer;
   try {
-    socket = connect({ hostname: u.hostname.replace(/^\[|\]$/g, ''), port });
+    // An IPv6 literal keeps its brackets: workerd reads `hostname:port` as one address, and
+    // `::1:443` without them is no address at all.
+    socket = connect({ hostname: u.hostname, port });
     const late = new Promise((_, reject) => {
       timer = setTimeout(() => reject(new Error('connect timed out')), timeout);
     });
