@@ -143,7 +143,13 @@ export default {
    */
   async fetch(request, env) {
     const admin = env.DOOR === 'admin';
-    const url = new URL(request.url);
+    let url;
+    try {
+      url = new URL(request.url);
+    } catch {
+      // A target workerd passed on but no URL reads (`http://[::1/v1/ws`): the core's 400.
+      return respond(stepOf(RelayCore.refused('unreadable_target', 0)));
+    }
     const count = Math.max(1, Number(env.CONFIG?.shards ?? 1));
     /** The shard's object and the request for it. @type {{k: number, init: RequestInit}} */
     let to;
