@@ -7,10 +7,11 @@
 //! Every probe is one test per host (`probe_wasmtime`, `probe_node`), so a failure names
 //! its host. The probes of what the relay itself decides (its answers, key fetches, peer
 //! rules, secrets) run on the edge host too (`probe_edge`); those of sockets, WebSocket
-//! framing and connection limits do not, since workerd (or Cloudflare) owns them there. The limits are scaled down through the hosts' flags so the suite stays
-//! short. `./x soak-hostile [SECONDS]` runs the same probes in a loop against one
-//! long-lived relay of each host and prints their memory and descriptors every round
-//! (`soak` below, ignored by `cargo test`).
+//! framing and connection limits do not, since workerd (or Cloudflare) owns them there.
+//! The limits are scaled down through the hosts' flags so the suite stays short.
+//! `./x soak-hostile [SECONDS]` runs the same probes in a loop against one long-lived relay
+//! of each host and prints their memory and descriptors every round (`soak` below, ignored
+//! by `cargo test`).
 
 use relay_core::transport::{Refusal, Response};
 use relay_core::wire::base64url;
