@@ -455,9 +455,19 @@ impl World {
         acct: &Account,
         dev: usize,
     ) -> Result<String, relay_core::Error> {
-        let now = self.clock(acct.home);
+        self.open_session_at(acct, dev, acct.home)
+    }
+
+    /// Opens a session for device `dev` of `acct` at relay `n` (a former home, say).
+    pub fn open_session_at(
+        &mut self,
+        acct: &Account,
+        dev: usize,
+        n: usize,
+    ) -> Result<String, relay_core::Error> {
+        let now = self.clock(n);
         let nonce = random_id(&mut self.rng);
-        let relay = self.nodes[acct.home].id.as_str().to_string();
+        let relay = self.nodes[n].id.as_str().to_string();
         let so = draft::session_open(
             NET,
             &relay,
@@ -468,7 +478,7 @@ impl World {
         )
         .sign(&acct.devices[dev]);
         let r = self
-            .call(acct.home, &Caller::Anonymous, "session.open", &so)
+            .call(n, &Caller::Anonymous, "session.open", &so)
             .result?;
         Ok(field(&r, "session")
             .and_then(Value::as_str)
@@ -679,6 +689,9 @@ impl World {
 
     /// Moves an account to relay `to` (route revision + 1, device 0 registered there, sessions reopened).
     pub fn migrate(&mut self, acct: &mut Account, to: usize) {
+        // On a sharded relay the new home is the shard that serves the account.
+        let id = self.nodes[to].id.clone();
+        let to = self.node_serving(&id, &acct.id()).unwrap_or(to);
         acct.route_revision += 1;
         acct.home = to;
         let route = self.route_of(acct);

@@ -362,10 +362,14 @@ fn a_message_with_no_time_left_before_its_deadline_is_refused_not_failed_unattem
     let mut w = World::new(1909);
     let a = w.relay("a");
     let b = w.relay("b");
-    let alice = w.account(a, 1, true);
+    let mut alice = w.account(a, 1, true);
     let bob = w.account(b, 1, true);
     w.publish_route(a, &bob);
     let limit = w.nodes[a].config.policies.message_delivery_age_limit as i64;
+    // The sending certificate must be valid at created_at (receiving rule 2, which
+    // self-delivery applies too): the clock moves a whole age limit past its issue first.
+    w.now += limit as u64;
+    alice.sessions[0] = w.open_session(&alice, 0).expect("session");
     let at_limit = Msg {
         created_offset: -limit,
         ..Msg::default()

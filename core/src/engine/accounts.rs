@@ -2,7 +2,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
-use super::records::{AccountRec, Canon, DeviceRec, RouteRec};
+use super::records::{AccountRec, Canon, DeviceRec, RouteRec, Standing};
 use super::session::Need;
 use super::storage::Storage;
 use super::Effect;
@@ -70,6 +70,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let at = self.now.saturating_add(self.cfg.policies.message_retention);
         self.expire_at(at, &k::route(account));
         self.share_route(account, &route.canonical_string());
+        self.home_changed(account, route.relay.as_str())?;
         Ok(RouteUpdate::Replaced)
     }
 
@@ -294,6 +295,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                         registered_at: self.now,
                         discoverable: discoverable.unwrap_or(false),
                         latest_seq: 0,
+                        standing: Standing::Home,
                     },
                 );
             }
@@ -307,11 +309,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// `account.update` (`manage`): `{discoverable}`.
     pub(crate) fn account_update(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
-        let s = self.session(caller, Need::Manage)?;
+        let s = self.home_session(caller, Need::Manage)?;
         let discoverable = Fields::new(&p).bool("discoverable")?;
-        if !self.serves(&s.account)? {
-            return Err(self.not_home(&s.account));
-        }
         let mut rec: AccountRec = self
             .txn
             .get(&k::account(&s.account))?
@@ -323,16 +322,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// `device.register` (`manage`): `{certificate}` for the session's account.
     pub(crate) fn device_register(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
-        let s = self.session(caller, Need::Manage)?;
+        let s = self.home_session(caller, Need::Manage)?;
         let cert = self.home_certificate(obj_member(&p, "certificate")?, "certificate")?;
         if cert.account.as_str() != s.account {
             return Err(Error::new(
                 ErrorCode::PermissionDenied,
                 "certificate is for another account",
             ));
-        }
-        if !self.serves(&s.account)? {
-            return Err(self.not_home(&s.account));
         }
         self.put_certificate(&cert)?;
         let mut out = Object::new();
@@ -342,7 +338,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// `device.revoke` (`manage`): a `device_revocation` signed by the account key.
     pub(crate) fn device_revoke(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
-        let s = self.session(caller, Need::Manage)?;
+        let s = self.home_session(caller, Need::Manage)?;
         let r = DeviceRevocation::parse(p)?;
         if r.network != self.cfg.network {
             return Err(Error::new(
@@ -377,7 +373,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// `device.list` (a client session or a relay): `{account}`.
     pub(crate) fn device_list(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
         if !matches!(caller, Caller::Relay(_) | Caller::Operator) {
-            self.session(caller, Need::Any)?;
+            self.home_session(caller, Need::Any)?;
         }
         let account = Fields::new(&p).account("account")?;
         let account = account.as_str();
@@ -439,7 +435,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// `contact.revoke` (`manage`): exactly one of `{grant_id}` or `{invite_id}`.
     pub(crate) fn contact_revoke(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
-        let s = self.session(caller, Need::Manage)?;
+        let s = self.home_session(caller, Need::Manage)?;
         let f = Fields::new(&p);
         let id = match (f.get("grant_id").is_some(), f.get("invite_id").is_some()) {
             (true, false) => f.random_id("grant_id")?,

@@ -73,9 +73,13 @@ pub(crate) fn orphan_sweep() -> Vec<u8> {
 pub(crate) fn account_count() -> Vec<u8> {
     b"meta/accounts".to_vec()
 }
-/// An account served here.
+/// An account registered here (served, or kept as a former home).
 pub(crate) fn account(account: &str) -> Vec<u8> {
     key(&[b"acct/", account.as_bytes()])
+}
+/// The account of an [`account`] key.
+pub(crate) fn account_of(key: &[u8]) -> Option<&str> {
+    rest(key, b"acct/")
 }
 /// The highest route held for any account.
 /// The account of a [`route`] key.
@@ -121,6 +125,10 @@ pub(crate) fn timeline(account: &str) -> Vec<u8> {
 /// The source's message.send result.
 pub(crate) fn sent(from: &str, message_id: &str) -> Vec<u8> {
     key(&[b"send/", from.as_bytes(), b"/", message_id.as_bytes()])
+}
+/// Every message.send result of one sender.
+pub(crate) fn sent_by(from: &str) -> Vec<u8> {
+    key(&[b"send/", from.as_bytes(), b"/"])
 }
 /// The destination's message.deliver result.
 pub(crate) fn received(from: &str, message_id: &str) -> Vec<u8> {

@@ -18,6 +18,7 @@ mod idempotency;
 mod keyspace;
 pub mod limits;
 pub mod metrics;
+mod migration;
 mod peers;
 mod rate;
 mod receive;

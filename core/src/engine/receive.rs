@@ -28,8 +28,8 @@ pub(crate) struct Incoming {
     /// The certificate already parsed, with its canonical text (local delivery: the
     /// sender's registered certificate), so the receiving rules do not parse it again.
     pub certificate: Option<(DeviceCertificate, String)>,
-    /// The recipient's held route was read in this transaction and designates this relay
-    /// (local delivery straight from `message.send`), so rule 1 need not read it again.
+    /// Rule 1 was checked in this transaction (local delivery straight from `message.send`,
+    /// or `message.deliver` before its limits), so it need not be read again.
     pub routed_here: bool,
 }
 
@@ -53,7 +53,7 @@ impl Incoming {
 impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// `message.deliver` (relay): the destination's idempotent receipt.
     pub(crate) fn message_deliver(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
-        let inc = Incoming::parse(p)?;
+        let mut inc = Incoming::parse(p)?;
         let peer = require_relay(caller)?.clone();
         let from = inc.envelope.from.as_str().to_string();
         let id = inc.envelope.message_id.clone();
@@ -67,6 +67,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 "self-delivery is never delivered between relays",
             ));
         }
+        // Rule 1 before any limit is charged: a relay that does not serve the recipient (a
+        // former home among them) answers with the route it holds, at no cost to anyone.
+        if !self.serves(inc.envelope.to.as_str())? {
+            return Err(self.not_home(inc.envelope.to.as_str()));
+        }
+        inc.routed_here = true;
         // A sibling shard of this relay is not a foreign source: as for a local delivery,
         // only the recipient's own limits apply (the sender's shard took its send_rate).
         if peer != self.cfg.relay {

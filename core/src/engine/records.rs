@@ -80,12 +80,34 @@ impl<'de> Deserialize<'de> for Canon {
     }
 }
 
-/// An account whose home is this relay.
+/// An account registered here: served, or kept as a former home (protocol.md, "Home relay changes").
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct AccountRec {
     pub registered_at: u64,
     pub discoverable: bool,
     pub latest_seq: u64,
+    /// Home or former home; absent in the record of an account that never moved.
+    #[serde(default, skip_serializing_if = "Standing::is_home")]
+    pub standing: Standing,
+}
+
+/// Whether this relay is an account's home or a former home of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Standing {
+    /// The account's current route names this relay.
+    #[default]
+    Home,
+    /// A valid route of higher revision naming another relay arrived at `since`: the
+    /// account's results and records are kept until they expire, its device state frozen.
+    Former { since: u64 },
+}
+
+impl Standing {
+    /// Whether this is the home standing (so the field is left out of the record).
+    pub(crate) fn is_home(&self) -> bool {
+        *self == Standing::Home
+    }
 }
 
 /// The highest route held for an account (ours or not).

@@ -81,6 +81,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .txn
             .scan(&k::gc_prefix(), &k::gc_until(self.now), self.cfg.tick_batch)?;
         let route_prefix = k::route("");
+        let account_prefix = k::account("");
         for (key, _) in gc {
             let target = k::gc_target(&key).map(<[u8]>::to_vec);
             self.txn.delete(key);
@@ -90,6 +91,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             };
             if target.starts_with(&route_prefix) {
                 self.expire_route(&target)?;
+            } else if target.starts_with(&account_prefix) {
+                // An account row is never simply deleted: this is a former home's check.
+                self.forget_former(&target)?;
             } else {
                 self.txn.delete(target);
             }

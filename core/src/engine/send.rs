@@ -255,6 +255,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let (from, id) = (env.from.as_str(), env.message_id.as_str());
         let send_key = k::sent(from, id);
         self.expire_at(rec.retain_until, &send_key);
+        // Receiving rule 2 as for any delivery (its signature checks ran in the source's
+        // checks): the sending certificate was valid at the envelope's created_at.
+        c.cert
+            .check_valid_at(env.created_at, self.cfg.policies.clock_tolerance)?;
         let visible = self.visible_devices(from, &c.recipient_boxes)?;
         if visible.is_empty() {
             return Err(Error::new(

@@ -62,7 +62,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         let account = s.account.as_str().to_string();
         let device_id = s.device_id.as_str().to_string();
-        if !self.serves(&account)? {
+        // A former home opens sessions too (against its frozen device state), for what it
+        // keeps: status, sync and recognized retries (see `migration`).
+        if !self.registered(&account)? {
             return Err(self.not_home(&account));
         }
         let Some(device) = self.valid_device(&account, &device_id)? else {
