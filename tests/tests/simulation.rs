@@ -6,9 +6,10 @@
 //! requests, loses responses, answers with synthetic `rate_limited` and
 //! `unavailable` errors, and keeps answering across restarts. Relays restart
 //! at random points, their clocks are skewed, some have small rate limits,
-//! and accounts migrate to another relay (route revision 2) while deliveries
-//! to them are pending. A discrete event loop drives time: the next event is
-//! the earliest of a network arrival, a relay's wake-up and a client action.
+//! and accounts move to another relay while deliveries from and to them are
+//! pending, several times and back to a former home (see "Moves" below). A discrete
+//! event loop drives time: the next event is the earliest of a network arrival, a
+//! relay's wake-up and a client action.
 //!
 //! The invariants (see `Sim::final_checks`, `Sim::observe`, `Sim::on_emit`):
 //! 1. a message that is `target_accepted` at the source is in the recipient's
@@ -19,7 +20,24 @@
 //! 5. the target changes only after a route error or an attempt known not attempted,
 //!    never while an attempt at the old target has an unknown result;
 //! 6. every accepted message is terminal by its deadline; a message failed with an
-//!    error other than `deadline_exceeded` is not in the recipient's timeline.
+//!    error other than `deadline_exceeded` is not in the recipient's timeline;
+//! 7. no result stranded during retention: until accepted_at + message_retention, the
+//!    relay that accepted a message.send answers `message.delivery.status` of it through
+//!    a session of the sender opened there, also once the sender moved away (the session
+//!    then opened at the former home after the move), with the message's status (never
+//!    `not_home_relay`, `not_found`, or a refused session.open); a former home answers
+//!    `message.timeline.sync` until the last record it showed and the last result it
+//!    accepted expired (it may forget the account after that);
+//! 8. no (from, message_id) accepted at two homes (read from every relay's storage at the
+//!    end, records and results alike): a received or self record of it is stored at one
+//!    relay at most, once; a message.deliver result at one relay at most; a message.send
+//!    result at one relay at most, the relay the message was submitted to, and at exactly
+//!    that one while its retention lasts (none for a message no submission accepted);
+//! 9. a recognized identical message.send retry at a former home, after the move, answers
+//!    the stored status (the same accepted_at), never `not_home_relay`;
+//! 10. a former home accepts nothing new for the account until it moves back: no record
+//!     of its timeline and no message.send result of it has an accepted_at after a
+//!     route.publish there of a route naming another relay (and before the move back).
 //!
 //! And along the way: the deadline is the earlier of created_at + age limit and
 //! accepted_at + retention; a status stays available during retention; an
@@ -74,6 +92,24 @@
 //! operation claims success after its commit failed, and no tick quarantines an
 //! entry over a storage fault. The final checks read with faults off.
 //!
+//! Moves (issue 31): the moves a seed draws from its main generator (none in about
+//! nine seeds of twenty, one or two in the others, and one of an account of each sharded
+//! relay) each start a chain: a generator of the moves' own (`Sim::moves_rng`) draws how
+//! many more moves follow (0 to 3), when (20 s to 4 min apart), and where: back to a
+//! former home six times in ten when there is one, else another relay. Every move
+//! registers the account at the new home with a route of the next revision (a per-account
+//! counter, `Account::route_revision`) and the certificate (`account.register`, also at a
+//! former home: rule 4 of "Home relay changes"), registers its other devices, opens new
+//! sessions, publishes the route at the relay it left (and maybe elsewhere), and sometimes
+//! restarts the old or new home within a minute (restarts at random points go on too).
+//! After a move, status polls (invariant 7) and identical message.send retries (invariant
+//! 9) go at random points within retention to the former homes that accepted the sender's
+//! messages, as a client must (rule 3: "a retry goes unchanged to the relay that accepted
+//! it"); the final checks poll every message still within retention at its source. Seeds
+//! that draw no move draw nothing more and run the worlds they ran before (only the final
+//! checks poll more); a drawn move to the relay the account is on is skipped as before,
+//! but the rest of its chain goes on.
+//!
 //! Sharded relays (issue 20): in every third seed (seed % 3 == 2) one or more relays run
 //! as 2 to 4 shards, each an engine over storage of its own with its own disk faults
 //! (`World::sharded_relay_with`), so deliveries between accounts on different shards of a
@@ -121,6 +157,9 @@ const MIN: u64 = 60 * SEC;
 
 /// Every relay's storage at the end of a run.
 type Snapshots = Vec<BTreeMap<Vec<u8>, Vec<u8>>>;
+
+/// A received or self record found in storage: (node, account, seq).
+type StoredRecord = (usize, String, u64);
 
 macro_rules! stats {
     ($($(#[$doc:meta])* $field:ident),* $(,)?) => {
@@ -186,7 +225,22 @@ stats! {
     /// Outcomes never reported because the source restarted.
     dropped_by_restart,
     restarts,
-    migrations,
+    /// Moves of an account to another relay (each move of a chain counted) ...
+    moves,
+    /// ... of which back to a relay that was its home before.
+    moves_back,
+    /// message.delivery.status calls at a former home of the sender (through a session
+    /// opened there after the move), and session.open calls there.
+    former_status_polls,
+    former_session_opens,
+    /// Identical message.send retries at a former home after the move (invariant 9).
+    former_resends,
+    /// Periodic syncs at a former home that stopped because it forgot the account (rule 5:
+    /// everything it promised had expired).
+    former_forgotten,
+    /// message.send results, delivery results and received records read from storage at
+    /// the end (invariant 8).
+    stored_results_checked,
     grant_revocations,
     status_polls,
     syncs,
@@ -210,8 +264,9 @@ stats! {
     internal_answers,
     /// Relay requests whose answer the target's host withheld after an indeterminate commit.
     dropped_answers,
-    /// Calls and ticks that succeeded although a read failed during them: after the commit,
-    /// in the engine's own next_wake, whose WakeAt is then missing with no sign but the store's.
+    /// Calls, ticks and outcome reports that succeeded although a read failed during them:
+    /// after the commit, in the engine's own next_wake, whose WakeAt is then missing with no
+    /// sign but the store's; or before it, a read the engine could do without.
     ok_despite_busy,
     /// Ticks that failed (the host retries them shortly).
     failed_ticks,
@@ -276,6 +331,22 @@ impl Stats {
             100.0 * failed as f64 / self.storage_commits.max(1) as f64,
             self.faulted_ops,
             self.deliveries_checked
+        )
+    }
+
+    /// The moves made, and what was checked at former homes.
+    fn moves_summary(&self) -> String {
+        format!(
+            "moves: {} ({} back to a former home); at former homes: {} status polls, {} \
+             session.open, {} identical message.send retries, {} forgot an account; {} \
+             (from, message_id) read from storage",
+            self.moves,
+            self.moves_back,
+            self.former_status_polls,
+            self.former_session_opens,
+            self.former_resends,
+            self.former_forgotten,
+            self.stored_results_checked
         )
     }
 }
@@ -382,6 +453,7 @@ struct Seen {
     from: String,
     to: String,
     accepted_at: u64,
+    expires_at: u64,
 }
 
 enum Ev {
@@ -423,10 +495,17 @@ enum Ev {
         path: &'static str,
         body: Vec<u8>,
     },
+    /// Account `acct` moves to relay `to` (`None`: a later move of a chain, whose relay is
+    /// drawn when it happens); `more` moves of the chain follow.
     Migrate {
         acct: usize,
-        to: usize,
+        to: Option<usize>,
+        more: u32,
     },
+    /// message.delivery.status at the message's source after its sender moved away from it.
+    FormerPoll(usize),
+    /// An identical message.send retry at the message's source after its sender moved away.
+    FormerResend(usize),
     Publish {
         acct: usize,
         relay: usize,
@@ -446,6 +525,8 @@ impl Ev {
                 | Ev::SendRetry(_)
                 | Ev::TerminalCheck(_)
                 | Ev::Migrate { .. }
+                | Ev::FormerPoll(_)
+                | Ev::FormerResend(_)
                 | Ev::Publish { .. }
         )
     }
@@ -549,12 +630,17 @@ impl OpLog {
     }
 
     /// The operation's writes are in the store (or it had none and no read failed it).
+    ///
+    /// An engine commits only an operation that succeeded, so a commit that landed says the
+    /// operation was applied even when a read failed before it: the engine may pass over a
+    /// failed read it can do without (`Ctx::higher_route` learns a route from an error's
+    /// `data.route` only if it can), and it did then apply the outcome.
     fn applied(&self) -> bool {
-        !self.busy_before_commit
-            && matches!(
-                self.commit,
-                None | Some(CommitFate::Done) | Some(CommitFate::Indeterminate { landed: true })
-            )
+        match self.commit {
+            Some(CommitFate::Done) | Some(CommitFate::Indeterminate { landed: true }) => true,
+            Some(_) => false,
+            None => !self.busy_before_commit,
+        }
     }
 
     fn describe(&self) -> String {
@@ -741,9 +827,18 @@ struct Sim {
     regs: Vec<Vec<usize>>,
     /// Sessions (one per device) of an account at a relay.
     sessions: BTreeMap<(usize, usize), Vec<String>>,
-    /// The highest route of each account.
+    /// The highest route of each account (its revision: `Account::route_revision`).
     routes: Vec<Object>,
-    migrated: Vec<bool>,
+    /// The moves' own generator (see "Moves" in the module doc): a seed without a move
+    /// draws nothing from it.
+    moves_rng: ChaCha20Rng,
+    /// (account, node) of every periodic sync running (one per relay the account was
+    /// registered at, until a former home forgot it).
+    sync_chains: BTreeSet<(usize, usize)>,
+    /// (account, node) -> the spans of the node's clock during which the node was surely a
+    /// former home of the account: from a route.publish there of a route naming another
+    /// relay to the account's move back (`u64::MAX` while it lasts).
+    former_spans: BTreeMap<(usize, usize), Vec<(u64, u64)>>,
     /// (grantor, grantee) -> grant.
     grants: BTreeMap<(usize, usize), Object>,
     queue: BTreeMap<(u64, u64), Ev>,
@@ -813,7 +908,11 @@ impl Sim {
             regs: Vec::new(),
             sessions: BTreeMap::new(),
             routes: Vec::new(),
-            migrated: Vec::new(),
+            moves_rng: ChaCha20Rng::seed_from_u64(
+                seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x30e5,
+            ),
+            sync_chains: BTreeSet::new(),
+            former_spans: BTreeMap::new(),
             grants: BTreeMap::new(),
             queue: BTreeMap::new(),
             next_seq: 0,
@@ -1039,7 +1138,15 @@ impl Sim {
             let at = start + self.rng.gen_range(0..window);
             let acct = self.rng.gen_range(0..accounts);
             let to = self.rng.gen_range(0..relays);
-            self.schedule(at, Ev::Migrate { acct, to });
+            let more = self.moves_rng.gen_range(0..=3);
+            self.schedule(
+                at,
+                Ev::Migrate {
+                    acct,
+                    to: Some(to),
+                    more,
+                },
+            );
         }
         // An account of each sharded relay moves off it, late enough that its neighbours
         // hold its route by then (they meet its old shard's not_home_relay).
@@ -1053,7 +1160,15 @@ impl Sim {
             let acct = on[self.rng.gen_range(0..on.len())];
             let to = (r + self.rng.gen_range(1..relays)) % relays;
             let at = start + self.rng.gen_range(window / 3..window);
-            self.schedule(at, Ev::Migrate { acct, to });
+            let more = self.moves_rng.gen_range(0..=3);
+            self.schedule(
+                at,
+                Ev::Migrate {
+                    acct,
+                    to: Some(to),
+                    more,
+                },
+            );
         }
         for _ in 0..self.rng.gen_range(0..=4) {
             let at = start + self.rng.gen_range(0..window + 8 * MIN);
@@ -1086,6 +1201,7 @@ impl Sim {
         for a in 0..accounts {
             let at = start + self.rng.gen_range(0..60 * SEC);
             let relay = self.accts[a].home;
+            self.sync_chains.insert((a, relay));
             self.schedule(
                 at,
                 Ev::Sync {
@@ -1164,7 +1280,6 @@ impl Sim {
         self.discoverable.push(discoverable);
         self.regs.push(vec![home]);
         self.routes.push(route);
-        self.migrated.push(false);
         self.stats.accounts += 1;
     }
 
@@ -1481,6 +1596,15 @@ impl Sim {
 
     /// Opens a session for device `dev` of `acct` at `relay` (a new session.open each try).
     fn open_session(&mut self, acct: usize, relay: usize, dev: usize) -> String {
+        match self.try_open_session(acct, relay, dev) {
+            Ok(token) => token,
+            Err(e) => self.fail(format!("session.open of a{acct} at r{relay}: {e:?}")),
+        }
+    }
+
+    /// session.open for device `dev` of `acct` at `relay`, retried while answered `internal`:
+    /// the token, or the error it was refused with.
+    fn try_open_session(&mut self, acct: usize, relay: usize, dev: usize) -> Result<String, Error> {
         for _ in 0..100 {
             let nonce = random_id(&mut self.w.rng);
             let a = &self.accts[acct];
@@ -1501,13 +1625,13 @@ impl Sim {
                         .unwrap_or_default()
                         .to_string();
                     self.check_token(relay, &token);
-                    return token;
+                    return Ok(token);
                 }
                 Err(e) if e.code == ErrorCode::Internal => {
                     self.stats.client_retries += 1;
                     self.w.now += self.rng.gen_range(10..500);
                 }
-                Err(e) => self.fail(format!("session.open of a{acct} at r{relay}: {e:?}")),
+                Err(e) => return Err(e),
             }
         }
         self.fail(format!(
@@ -1575,6 +1699,8 @@ impl Sim {
         self.host_after(n, clock, effects, &log, false);
         if !log.applied() {
             self.stats.lost_outcomes += 1;
+        } else if log.busy > 0 {
+            self.stats.ok_despite_busy += 1;
         }
         log.applied()
     }
@@ -1696,6 +1822,14 @@ impl Sim {
                 self.poll(k);
                 self.schedule_poll(k);
             }
+            Ev::FormerPoll(k) => {
+                self.poll(k);
+            }
+            Ev::FormerResend(k) => {
+                self.stats.resends += 1;
+                self.msgs[k].resends += 1;
+                self.submit(k);
+            }
             Ev::TerminalCheck(k) => {
                 let answered = self.poll(k);
                 let m = &self.msgs[k];
@@ -1746,7 +1880,14 @@ impl Sim {
                 if !periodic {
                     self.sync_pending.remove(&(acct, relay));
                 }
-                self.sync(acct, relay);
+                if !self.sync(acct, relay) {
+                    // A former home forgot the account (everything it promised expired).
+                    if periodic {
+                        self.sync_chains.remove(&(acct, relay));
+                        self.stats.former_forgotten += 1;
+                    }
+                    return;
+                }
                 if periodic {
                     let at = self.w.now + self.rng.gen_range(45 * SEC..120 * SEC);
                     self.schedule(
@@ -1796,10 +1937,20 @@ impl Sim {
                 path,
                 body,
             } => self.arrive_shard_call(from, node, path, &body),
-            Ev::Migrate { acct, to } => self.migrate(acct, to),
+            Ev::Migrate { acct, to, more } => self.migrate(acct, to, more),
             Ev::Publish { acct, relay } => {
                 self.trace(|| format!("publish route of a{acct} at relay {relay}"));
                 self.publish(acct, relay);
+                // A relay the account was registered at holds a route naming another one
+                // from now on at the latest: it is a former home (invariant 10).
+                let n = self.serving(relay, acct);
+                if self.accts[acct].home != n && self.regs[acct].contains(&n) {
+                    let clock = self.w.clock(n);
+                    let spans = self.former_spans.entry((acct, n)).or_default();
+                    if spans.last().is_none_or(|s| s.1 != u64::MAX) {
+                        spans.push((clock, u64::MAX));
+                    }
+                }
             }
             Ev::Revoke => self.revoke(),
         }
@@ -2448,10 +2599,30 @@ impl Sim {
         Caller::Session(self.sessions[&(acct, relay)][dev].clone())
     }
 
-    /// message.send (first submission or an identical retry) at the message's source.
+    /// message.send (first submission or an identical retry) at the message's source, also
+    /// once the sender moved away from it (rule 3: a retry goes unchanged to the relay that
+    /// accepted it), then through a session opened there before the move or since.
     fn submit(&mut self, k: usize) {
         let (from, source, dev) = (self.msgs[k].from, self.msgs[k].source, self.msgs[k].dev);
-        let caller = self.session(from, source, dev);
+        let former = self.former(k);
+        let caller = if former && self.rng.gen_bool(0.5) {
+            self.stats.former_session_opens += 1;
+            match self.try_open_session(from, source, dev) {
+                Ok(token) => Caller::Session(token),
+                Err(e) => {
+                    self.trace(|| {
+                        format!(
+                            "a{from} session.open at its former home r{source} for a retry of \
+                             {}: {e:?}",
+                            self.msgs[k].task
+                        )
+                    });
+                    return self.refused_at_former_home(k, "session.open", &e);
+                }
+            }
+        } else {
+            self.session(from, source, dev)
+        };
         let params = canonical::object_to_vec(&self.msgs[k].params);
         let (r, log, clock) = self.call_op(source, &caller, "message.send", &params);
         if log.landed() && self.msgs[k].accepted.is_none() {
@@ -2475,11 +2646,25 @@ impl Sim {
         });
         match r.result {
             Ok(v) => {
+                if former {
+                    self.stats.former_resends += 1;
+                    let got = Observed::of(&v).accepted_at;
+                    if let Some((accepted_at, _)) = self.msgs[k].accepted {
+                        if got != Some(accepted_at) {
+                            self.fail(format!(
+                                "invariant 9: an identical message.send retry of {} at its \
+                                 former home r{source} answered accepted_at {got:?}, stored \
+                                 {accepted_at}",
+                                self.msgs[k].task
+                            ));
+                        }
+                    }
+                }
                 self.observe(k, &v, "message.send", clock);
                 if self.msgs[k].resends > 0 || self.msgs[k].unanswered > 0 {
                     // An identical retry answers what message.delivery.status says now.
                     let retry = Observed::of(&v);
-                    if let Some(now) = self.status_now(k) {
+                    if let Some(now) = self.status_now(k, &caller) {
                         if now != retry {
                             self.fail(format!(
                                 "identical message.send of {} answered {retry:?}, status says {now:?}",
@@ -2523,9 +2708,15 @@ impl Sim {
                 if let Some((accepted_at, _)) = self.msgs[k].accepted {
                     if clock < accepted_at + self.retention[source] {
                         self.fail(format!(
-                            "an identical message.send retry of accepted {} was rejected during \
-                             retention: {e:?}",
-                            self.msgs[k].task
+                            "{}an identical message.send retry of accepted {} was rejected during \
+                             retention{}: {e:?}",
+                            if former { "invariant 9: " } else { "" },
+                            self.msgs[k].task,
+                            if former {
+                                format!(" at its former home r{source}")
+                            } else {
+                                String::new()
+                            }
                         ));
                     }
                 } else if matches!(e.code, ErrorCode::RateLimited | ErrorCode::Unavailable)
@@ -2686,35 +2877,105 @@ impl Sim {
         })
     }
 
-    /// message.delivery.status at the message's source, without recording it.
-    fn status_now(&mut self, k: usize) -> Option<Observed> {
-        let (from, source) = (self.msgs[k].from, self.msgs[k].source);
-        let caller = self.session(from, source, 0);
+    /// message.delivery.status at the message's source (through `caller`, the session of
+    /// the retry just made), without recording it.
+    fn status_now(&mut self, k: usize, caller: &Caller) -> Option<Observed> {
+        let source = self.msgs[k].source;
         let mut p = Object::new();
         p.insert("message_id", self.msgs[k].id.as_str());
-        let r = self.call(source, &caller, "message.delivery.status", &p);
+        let r = self.call(source, caller, "message.delivery.status", &p);
         r.result.ok().map(|v| Observed::of(&v))
     }
 
-    /// message.delivery.status at the message's source; whether it was answered (not `internal`).
+    /// Whether the sender of message `k` has moved away from the relay it submitted `k` to
+    /// (as the client knows: the relay may not have learned it yet).
+    fn former(&self, k: usize) -> bool {
+        self.accts[self.msgs[k].from].home != self.msgs[k].source
+    }
+
+    /// When the result of message `k` at its source expires (source clock), if a commit
+    /// accepted it (known to the client, or landed unanswered).
+    fn retained_until(&self, k: usize) -> Option<u64> {
+        let m = &self.msgs[k];
+        let accepted_at = m.accepted.map(|a| a.0).or(m.landed_at)?;
+        Some(accepted_at + self.retention[m.source])
+    }
+
+    /// A former home refused a call about message `k` (`what`): a violation while the
+    /// result of `k` is retained there (invariants 7 and 9); past that, the end of what it
+    /// promised.
+    fn refused_at_former_home(&mut self, k: usize, what: &str, e: &Error) {
+        let source = self.msgs[k].source;
+        let clock = self.w.clock(source);
+        if let Some(until) = self.retained_until(k) {
+            if clock < until {
+                self.fail(format!(
+                    "invariant 7 (no result stranded): {what} of a{} at its former home \
+                     r{source}, which accepted {} and retains its result until {until} (clock \
+                     {clock}): {e:?}",
+                    self.msgs[k].from, self.msgs[k].task
+                ));
+            }
+        }
+    }
+
+    /// message.delivery.status at the message's source; whether it was answered (not
+    /// `internal`). Once the sender moved away from the source, through a session opened
+    /// there after the move (invariant 7).
     fn poll(&mut self, k: usize) -> bool {
         self.stats.status_polls += 1;
         let (from, source) = (self.msgs[k].from, self.msgs[k].source);
-        let caller = self.session(from, source, 0);
+        let former = self.former(k);
+        let caller = if former {
+            self.stats.former_status_polls += 1;
+            self.stats.former_session_opens += 1;
+            match self.try_open_session(from, source, 0) {
+                Ok(token) => Caller::Session(token),
+                Err(e) => {
+                    self.trace(|| {
+                        format!(
+                            "a{from} session.open at its former home r{source} to poll {}: {e:?}",
+                            self.msgs[k].task
+                        )
+                    });
+                    self.refused_at_former_home(k, "session.open", &e);
+                    return true;
+                }
+            }
+        } else {
+            self.session(from, source, 0)
+        };
         let mut p = Object::new();
         p.insert("message_id", self.msgs[k].id.as_str());
         let bytes = canonical::object_to_vec(&p);
         let (r, _, clock) = self.call_op(source, &caller, "message.delivery.status", &bytes);
+        if former {
+            self.trace(|| {
+                format!(
+                    "a{from} polls {} at its former home r{source}: {}",
+                    self.msgs[k].task,
+                    String::from_utf8_lossy(&r.body())
+                )
+            });
+        }
         match r.result {
             Ok(v) => self.observe(k, &v, "message.delivery.status", clock),
             Err(e) if e.code == ErrorCode::Internal => return false,
             Err(e) => {
                 let (accepted_at, _) = self.msgs[k].accepted.expect("accepted");
                 let retained = clock < accepted_at + self.retention[source];
-                if e.code != ErrorCode::NotFound || retained {
+                if retained && former {
+                    self.refused_at_former_home(k, "message.delivery.status", &e);
+                }
+                // After retention: not_found; at a former home also what a relay that
+                // forgot the account answers (rule 5).
+                let forgotten = former
+                    && matches!(e.code, ErrorCode::NotHomeRelay | ErrorCode::Unauthenticated);
+                if retained || !(e.code == ErrorCode::NotFound || forgotten) {
                     self.fail(format!(
-                        "message.delivery.status of {} during retention: {e:?}",
-                        self.msgs[k].task
+                        "message.delivery.status of {} {} retention: {e:?}",
+                        self.msgs[k].task,
+                        if retained { "during" } else { "after" }
                     ));
                 }
             }
@@ -2722,8 +2983,9 @@ impl Sim {
         true
     }
 
-    /// Every device of `acct` at `relay` syncs what is new.
-    fn sync(&mut self, acct: usize, relay: usize) {
+    /// Every device of `acct` at `relay` syncs what is new; whether `relay` answered (a
+    /// former home may have forgotten the account once everything it promised expired).
+    fn sync(&mut self, acct: usize, relay: usize) -> bool {
         for dev in 0..self.accts[acct].devices.len() {
             let caller = self.session(acct, relay, dev);
             let key = (acct, relay, dev);
@@ -2737,6 +2999,10 @@ impl Sim {
                 let page = match r.result {
                     // As a device reads it: the answer's bytes, parsed.
                     Ok(_) => parse(&r.body()),
+                    Err(e) if self.accts[acct].home != relay => {
+                        self.forgotten_at_former_home(acct, relay, &e);
+                        return false;
+                    }
                     Err(e) => self.fail(format!("sync of a{acct} device {dev} at r{relay}: {e:?}")),
                 };
                 for e in field(&page, "entries").and_then(array).unwrap_or_default() {
@@ -2754,6 +3020,36 @@ impl Sim {
                 }
             }
         }
+        true
+    }
+
+    /// A former home `relay` of `acct` refused message.timeline.sync: rule 5 allows it only
+    /// once every record it showed and every message.send result it accepted of the account
+    /// expired (rule 2: records until their expires_at, results during retention).
+    fn forgotten_at_former_home(&mut self, acct: usize, relay: usize, e: &Error) {
+        let clock = self.w.clock(relay);
+        let records = self
+            .timelines
+            .get(&(relay, acct))
+            .and_then(|tl| tl.values().map(|r| r.expires_at).max())
+            .unwrap_or(0);
+        let results = (0..self.msgs.len())
+            .filter(|&k| self.msgs[k].from == acct && self.msgs[k].source == relay)
+            .filter_map(|k| self.retained_until(k))
+            .max()
+            .unwrap_or(0);
+        let forgettable = matches!(
+            e.code,
+            ErrorCode::NotHomeRelay | ErrorCode::Unauthenticated | ErrorCode::NotFound
+        );
+        if !forgettable || clock < records.max(results) {
+            self.fail(format!(
+                "invariant 7 (rule 2): the former home r{relay} of a{acct} refused \
+                 message.timeline.sync at clock {clock}, while it keeps records until {records} \
+                 and results until {results}: {e:?}"
+            ));
+        }
+        self.trace(|| format!("r{relay} forgot a{acct} (clock {clock}): {e:?}"));
     }
 
     fn saw(&mut self, relay: usize, acct: usize, dev: usize, e: &Value) {
@@ -2780,6 +3076,9 @@ impl Sim {
             accepted_at: field(e, "accepted_at")
                 .and_then(Value::as_protocol_int)
                 .unwrap_or(0),
+            expires_at: field(e, "expires_at")
+                .and_then(Value::as_protocol_int)
+                .unwrap_or(0),
         };
         let tl = self.timelines.entry((relay, acct)).or_default();
         match tl.get(&seq) {
@@ -2796,20 +3095,78 @@ impl Sim {
         }
     }
 
-    /// Account `x` moves to relay `to_relay` (the shard serving it there, if sharded).
-    fn migrate(&mut self, x: usize, to_relay: usize) {
+    /// A move of a chain (see "Moves" in the module doc): account `x` moves to relay
+    /// `to_relay` (drawn now if `None`), and the next move of the chain is scheduled.
+    fn migrate(&mut self, x: usize, to_relay: Option<usize>, more: u32) {
+        let here = self.relay_of[self.accts[x].home];
+        let to_relay = to_relay.unwrap_or_else(|| {
+            // Back to a former home six times in ten, when there is one; else elsewhere.
+            let mut former: Vec<usize> = self.regs[x]
+                .iter()
+                .map(|&n| self.relay_of[n])
+                .filter(|&r| r != here)
+                .collect();
+            former.dedup();
+            if !former.is_empty() && self.moves_rng.gen_bool(0.6) {
+                former[self.moves_rng.gen_range(0..former.len())]
+            } else {
+                let relays = self.nodes_of.len();
+                (here + self.moves_rng.gen_range(1..relays)) % relays
+            }
+        });
+        if to_relay != here {
+            self.move_account(x, to_relay);
+        }
+        if more > 0 {
+            let at = self.w.now + self.moves_rng.gen_range(20 * SEC..4 * MIN);
+            self.schedule(
+                at,
+                Ev::Migrate {
+                    acct: x,
+                    to: None,
+                    more: more - 1,
+                },
+            );
+        }
+    }
+
+    /// Account `x` moves to relay `to_relay` (the shard serving it there, if sharded), with
+    /// a route of the next revision: registered there (again, if it is a former home: rule
+    /// 4), its devices registered, sessions opened, the route published where it was.
+    fn move_account(&mut self, x: usize, to_relay: usize) {
         let old = self.accts[x].home;
         let old_relay = self.relay_of[old];
-        if self.migrated[x] || old_relay == to_relay {
-            return;
-        }
         let to = self.serving(to_relay, x);
-        self.migrated[x] = true;
-        self.stats.migrations += 1;
-        self.trace(|| format!("a{x} moves r{old} -> r{to}"));
+        let back = self.regs[x].contains(&to);
+        if let Some(span) = self
+            .former_spans
+            .get_mut(&(x, to))
+            .and_then(|spans| spans.last_mut())
+            .filter(|s| s.1 == u64::MAX)
+        {
+            span.1 = self.w.clock(to);
+        }
+        let revision = self.accts[x].route_revision + 1;
+        self.accts[x].route_revision = revision;
+        self.stats.moves += 1;
+        if back {
+            self.stats.moves_back += 1;
+        }
+        self.trace(|| {
+            format!(
+                "a{x} moves r{old} -> r{to} (route revision {revision}{})",
+                if back { ", back to a former home" } else { "" }
+            )
+        });
         let key = &self.accts[x].key;
-        let route =
-            draft::route(NET, &key.id(), &self.relay_str(to), 2, self.w.clock(to)).sign(key);
+        let route = draft::route(
+            NET,
+            &key.id(),
+            &self.relay_str(to),
+            revision,
+            self.w.clock(to),
+        )
+        .sign(key);
         let mut p = Object::new();
         p.insert("route", route.clone());
         p.insert("certificate", self.accts[x].certs[0].clone());
@@ -2818,11 +3175,15 @@ impl Sim {
             .client_call(to, &Caller::Anonymous, "account.register", &p)
             .result
         {
-            self.fail(format!("account.register of a{x} at r{to}: {e:?}"));
+            self.fail(format!(
+                "account.register of a{x} at r{to} (revision {revision}{}): {e:?}",
+                if back { ", a move back: rule 4" } else { "" }
+            ));
         }
         self.accts[x].home = to;
         let mut tokens = vec![self.open_session(x, to, 0)];
         for dev in 1..self.accts[x].devices.len() {
+            // At a former home the device is held already: registered again all the same.
             let mut p = Object::new();
             p.insert("certificate", self.accts[x].certs[dev].clone());
             let caller = Caller::Session(tokens[0].clone());
@@ -2833,7 +3194,7 @@ impl Sim {
         }
         self.accts[x].sessions = tokens.clone();
         self.sessions.insert((x, to), tokens);
-        if !self.regs[x].contains(&to) {
+        if !back {
             self.regs[x].push(to);
         }
         self.routes[x] = route;
@@ -2852,15 +3213,51 @@ impl Sim {
                 self.schedule(at, Ev::Publish { acct: x, relay: r });
             }
         }
-        let at = self.w.now + self.rng.gen_range(SEC..30 * SEC);
-        self.schedule(
-            at,
-            Ev::Sync {
-                acct: x,
-                relay: to,
-                periodic: true,
-            },
-        );
+        if self.sync_chains.insert((x, to)) {
+            let at = self.w.now + self.rng.gen_range(SEC..30 * SEC);
+            self.schedule(
+                at,
+                Ev::Sync {
+                    acct: x,
+                    relay: to,
+                    periodic: true,
+                },
+            );
+        }
+        // The results the sender left behind: polled (invariant 7) and retried unchanged
+        // (invariant 9) at the homes that accepted them, at random points within retention.
+        for k in 0..self.msgs.len() {
+            if self.msgs[k].from != x || !self.former(k) || self.msgs[k].accepted.is_none() {
+                continue;
+            }
+            let source = self.msgs[k].source;
+            let Some(until) = self.retained_until(k) else {
+                continue;
+            };
+            let end = self.world_time(source, until);
+            if end <= self.w.now + 2 * SEC {
+                continue;
+            }
+            let span = end - self.w.now - SEC;
+            if self.moves_rng.gen_bool(0.5) {
+                let at = self.w.now + self.moves_rng.gen_range(0..span);
+                self.schedule(at, Ev::FormerPoll(k));
+            }
+            if self.moves_rng.gen_bool(0.25) {
+                let at = self.w.now + self.moves_rng.gen_range(0..span.min(5 * MIN));
+                self.schedule(at, Ev::FormerResend(k));
+            }
+        }
+        // A crash near the move: the home left, or the new one.
+        if self.moves_rng.gen_bool(0.2) {
+            let relay = if self.moves_rng.gen_bool(0.5) {
+                old_relay
+            } else {
+                to_relay
+            };
+            let at = self.w.now + self.moves_rng.gen_range(0..60 * SEC);
+            self.schedule(at, Ev::Restart(relay));
+        }
     }
 
     /// The recipient revokes a grant it gave (deliveries not yet accepted then fail).
@@ -2888,14 +3285,173 @@ impl Sim {
 
     // ---- The end ----
 
+    /// Invariant 10: a former home accepts no new message for the account: no message.send
+    /// of it (an unrecognized retry after `internal`, say) and no record in its timeline
+    /// (a message.deliver, or a local delivery) with an accepted_at within a span during
+    /// which the relay surely held a route naming another relay.
+    fn check_former_accepts_nothing(&mut self) {
+        let within = |spans: Option<&Vec<(u64, u64)>>, at: u64| {
+            spans.and_then(|v| v.iter().find(|s| s.0 < at && at < s.1).copied())
+        };
+        for ((node, acct), tl) in &self.timelines {
+            let spans = self.former_spans.get(&(*acct, *node));
+            for (seq, seen) in tl {
+                if let Some(span) = within(spans, seen.accepted_at) {
+                    self.fail(format!(
+                        "invariant 10: r{node} accepted seq {seq} of a{acct} ({seen:?}) at \
+                         {}, while a former home of a{acct} (since {}, until {})",
+                        seen.accepted_at, span.0, span.1
+                    ));
+                }
+            }
+        }
+        for m in &self.msgs {
+            let Some((accepted_at, _)) = m.accepted else {
+                continue;
+            };
+            if let Some(span) = within(self.former_spans.get(&(m.from, m.source)), accepted_at) {
+                self.fail(format!(
+                    "invariant 10: r{} accepted message.send of {} at {accepted_at}, while a \
+                     former home of a{} (since {}, until {})",
+                    m.source, m.task, m.from, span.0, span.1
+                ));
+            }
+        }
+    }
+
+    /// Invariant 8, read from every relay's storage: no (from, message_id) accepted at two
+    /// homes (or twice at one).
+    fn check_one_home(&mut self) {
+        // (from, message_id) -> nodes holding a message.send result, a message.deliver
+        // result, a received or self record (one entry per record).
+        let mut sends: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+        let mut receipts: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+        let mut records: BTreeMap<(String, String), Vec<StoredRecord>> = BTreeMap::new();
+        for n in 0..self.w.nodes.len() {
+            for (key, value) in self.w.nodes[n].store.snapshot() {
+                let key = String::from_utf8_lossy(&key).to_string();
+                let mut parts = key.splitn(3, '/');
+                let (Some(kind), Some(a), Some(b)) = (parts.next(), parts.next(), parts.next())
+                else {
+                    continue;
+                };
+                match kind {
+                    "send" => sends
+                        .entry((a.to_string(), b.to_string()))
+                        .or_default()
+                        .push(n),
+                    "recv" => receipts
+                        .entry((a.to_string(), b.to_string()))
+                        .or_default()
+                        .push(n),
+                    "tl" => {
+                        let v = json::parse(&value).unwrap_or(Value::Null);
+                        let kind = field(&v, "kind").and_then(Value::as_str).unwrap_or("");
+                        if kind != "received" && kind != "self" {
+                            continue;
+                        }
+                        let env = field(&v, "envelope");
+                        let s = |name: &str| {
+                            env.and_then(|e| field(e, name))
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_string()
+                        };
+                        let seq = b.parse().unwrap_or(0);
+                        records
+                            .entry((s("from"), s("message_id")))
+                            .or_default()
+                            .push((n, a.to_string(), seq));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.stats.stored_results_checked += (sends.len() + receipts.len() + records.len()) as u64;
+        let msg_of = |sim: &Sim, from: &str, id: &str| {
+            sim.msg_by_id
+                .get(id)
+                .copied()
+                .filter(|&k| sim.accts[sim.msgs[k].from].id() == from)
+        };
+        for ((from, id), places) in &records {
+            if places.len() > 1 {
+                self.fail(format!(
+                    "invariant 8: message {id} of {from} is stored as received (or self) more \
+                     than once (node, account, seq): {places:?}"
+                ));
+            }
+            if msg_of(self, from, id).is_none_or(|k| self.msgs[k].accepted.is_none()) {
+                self.fail(format!(
+                    "invariant 8: a stored record of message {id} of {from}, which no \
+                     message.send accepted as far as the client knows: {places:?}"
+                ));
+            }
+        }
+        for ((from, id), nodes) in &receipts {
+            if nodes.len() > 1 {
+                self.fail(format!(
+                    "invariant 8: message {id} of {from} has message.deliver results at \
+                     r{nodes:?}"
+                ));
+            }
+        }
+        for ((from, id), nodes) in &sends {
+            let Some(k) = msg_of(self, from, id) else {
+                self.fail(format!(
+                    "invariant 8: a message.send result of unknown message {id} of {from} at \
+                     r{nodes:?}"
+                ));
+            };
+            let m = &self.msgs[k];
+            if nodes.len() > 1 || nodes[0] != m.source || m.accepted.is_none() {
+                self.fail(format!(
+                    "invariant 8: {} (submitted at r{}, accepted as the client knows: {:?}) has \
+                     message.send results at r{nodes:?}",
+                    m.task, m.source, m.accepted
+                ));
+            }
+        }
+        for k in 0..self.msgs.len() {
+            let m = &self.msgs[k];
+            let key = (self.accts[m.from].id(), m.id.clone());
+            let retained = self
+                .retained_until(k)
+                .is_some_and(|until| self.w.clock(m.source) < until);
+            if m.accepted.is_some() && retained && !sends.contains_key(&key) {
+                self.fail(format!(
+                    "invariant 8: {}, accepted at r{} and retained there, has no stored \
+                     message.send result",
+                    m.task, m.source
+                ));
+            }
+        }
+    }
+
     fn final_checks(&mut self) {
         // The oracle reads with faults off.
         self.arm(false);
         for a in 0..self.accts.len() {
             for relay in self.regs[a].clone() {
+                // (A former home that forgot the account was checked to be allowed to.)
                 self.sync(a, relay);
             }
         }
+        // Invariant 7 at the end: every result still retained answers where it was accepted.
+        for k in 0..self.msgs.len() {
+            let m = &self.msgs[k];
+            if m.accepted.is_none() {
+                continue;
+            }
+            if self
+                .retained_until(k)
+                .is_some_and(|until| self.w.clock(m.source) < until)
+            {
+                self.poll(k);
+            }
+        }
+        self.check_one_home();
+        self.check_former_accepts_nothing();
         // Where each message is: (relay, account, seq, record).
         let mut found: BTreeMap<String, Vec<(usize, usize, u64, Seen)>> = BTreeMap::new();
         for (&(relay, acct), tl) in &self.timelines {
@@ -3229,6 +3785,7 @@ fn simulation_1000_seeds() {
     let total = run_seeds(0, 1000);
     println!("1000 seeds in {:.1?}: {total:#?}", started.elapsed());
     println!("{}", total.storage_summary());
+    println!("{}", total.moves_summary());
     // The run must exercise what it claims to.
     assert!(total.deliveries_checked > 10_000, "{total:?}");
     assert!(total.cross_relay_checked > 5_000, "{total:?}");
@@ -3249,7 +3806,11 @@ fn simulation_1000_seeds() {
         ("target_switches", total.target_switches),
         ("stale_outcomes", total.stale_outcomes),
         ("restarts", total.restarts),
-        ("migrations", total.migrations),
+        ("moves", total.moves),
+        ("moves_back", total.moves_back),
+        ("former_status_polls", total.former_status_polls),
+        ("former_resends", total.former_resends),
+        ("stored_results_checked", total.stored_results_checked),
         ("resends", total.resends),
         ("grant_revocations", total.grant_revocations),
         ("storage_commit_lost", total.storage_commit_lost),
@@ -3309,4 +3870,5 @@ fn simulation_soak() {
         started.elapsed()
     );
     println!("{}", total.storage_summary());
+    println!("{}", total.moves_summary());
 }
