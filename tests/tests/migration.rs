@@ -565,6 +565,53 @@ fn rule_5_after_retention_the_former_home_forgets_the_account_but_answers_with_i
 }
 
 #[test]
+fn rule_4_moving_back_after_the_former_home_forgot_the_account_continues_its_sequence() {
+    let Three {
+        mut w,
+        a,
+        b,
+        mut alice,
+        ..
+    } = three(12);
+    for text in ["one", "two", "three"] {
+        let m = w.message(&alice, 0, &alice, text, &Msg::default());
+        w.send(&alice, 0, &m).result.unwrap();
+    }
+    let seq = |e: &Object| e.get("seq").and_then(Value::as_protocol_int).unwrap();
+    let before = w.sync_all(&alice, 0);
+    let last = before.iter().map(seq).max().expect("records at a");
+    move_account(&mut w, &mut alice, b);
+    w.run_for(HOUR + 60_000);
+    assert_eq!(
+        keys_with(&w, a, &format!("acct/{}", alice.id())),
+        0,
+        "a forgot alice"
+    );
+    // Within the time a keeps her route, she moves back: a client's cursor from her first
+    // stay must not hide what is accepted now (sequences are not reused).
+    move_account(&mut w, &mut alice, a);
+    let m = w.message(&alice, 0, &alice, "back", &Msg::default());
+    w.send(&alice, 0, &m).result.unwrap();
+    let mut p = Object::new();
+    p.insert("after", last);
+    p.insert("limit", 500u64);
+    let t = alice.sessions[0].clone();
+    let r = call(&mut w, a, &t, "message.timeline.sync", &p);
+    let page = parse(&r.body());
+    let entries: Vec<Object> = field(&page, "entries")
+        .and_then(array)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|e| e.as_object().cloned())
+        .collect();
+    assert!(
+        !entries.is_empty(),
+        "the new record is after the old cursor"
+    );
+    assert!(entries.iter().all(|e| seq(e) > last));
+}
+
+#[test]
 fn a_promise_made_under_a_longer_retention_is_kept_after_the_policy_shrinks_and_the_account_moves()
 {
     let Three {

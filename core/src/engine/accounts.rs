@@ -43,7 +43,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     pub(crate) fn store_route(&mut self, route: &Route) -> Result<RouteUpdate, Error> {
         let account = route.account.as_str();
         let text = route.canonical_string();
-        if let Some(held) = self.held_route(account)? {
+        let held = self.held_route(account)?;
+        let last_seq = held.as_ref().map_or(0, |h| h.last_seq);
+        if let Some(held) = held {
             if held.revision > route.revision {
                 return Ok(RouteUpdate::Older);
             }
@@ -64,6 +66,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 relay: route.relay.as_str().to_string(),
                 route: Canon::new(text),
                 touched_at: self.now,
+                last_seq,
             },
         );
         // Anyone may publish routes: one nobody uses is forgotten (see `expire_route`).
@@ -289,12 +292,14 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     ));
                 }
                 self.txn.put(k::account_count(), &(count + 1));
+                // An account this relay served and forgot continues its sequence (rule 4).
+                let latest_seq = self.held_route(&account)?.map_or(0, |r| r.last_seq);
                 self.txn.put(
                     k::account(&account),
                     &AccountRec {
                         registered_at: self.now,
                         discoverable: discoverable.unwrap_or(false),
-                        latest_seq: 0,
+                        latest_seq,
                         standing: Standing::Home,
                     },
                 );

@@ -341,8 +341,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             if let Ok(r) = Route::parse(o.clone()) {
                 if r.verify_in(&self.cfg.network, self.crypto).is_ok() && r.account.as_str() == t.to
                 {
-                    // A conflicting same-revision route is simply not learned.
-                    let _ = self.store_route(&r);
+                    match self.store_route(&r) {
+                        // A conflicting same-revision route is simply not learned; any other
+                        // failure (storage) fails the whole step, so no route is stored
+                        // without the standing change it implies.
+                        Err(e) if e.code != ErrorCode::StateConflict => return Err(e),
+                        _ => {}
+                    }
                 }
             }
         }

@@ -99,6 +99,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.txn.put(k::account_count(), &count.saturating_sub(1));
         if let Some(mut route) = self.txn.get::<RouteRec>(&k::route(&account))? {
             route.touched_at = self.now;
+            route.last_seq = rec.latest_seq;
             self.txn.put(k::route(&account), &route);
             let at = self.now.saturating_add(self.cfg.policies.message_retention);
             self.expire_at(at, &k::route(&account));

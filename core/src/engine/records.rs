@@ -121,6 +121,14 @@ pub(crate) struct RouteRec {
     /// forgotten `message_retention` after that.
     #[serde(default)]
     pub touched_at: u64,
+    /// The last timeline sequence of an account this relay forgot (rule 5), so that moving
+    /// back continues its numbering instead of restarting it under a client's cursor.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub last_seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A device in an account's device state.
@@ -313,6 +321,7 @@ mod tests {
             relay: "https://relay.example".into(),
             route: Canon::new(text.to_string()),
             touched_at: 0,
+            last_seq: 0,
         }
     }
 
