@@ -99,22 +99,35 @@ fn identical_content_is_canonical_json_equality_whatever_the_spelling() {
 
 #[test]
 fn same_key_with_different_content_returns_state_conflict_and_keeps_the_original() {
-    let (mut w, a, _, alice, bob) = setup(33);
+    let (mut w, a, b, alice, _) = setup(33);
+    // Two recipient devices, so that the same boxes can come in another order.
+    let bob = w.account(b, 2, true);
+    w.publish_route(a, &bob);
     let m = w.message(&alice, 0, &bob, "original", &Msg::default());
     w.send(&alice, 0, &m).result.unwrap();
     let out = w.take_outbox();
-    // An unknown member, a changed box list, and a sender_boxes presence each make it different.
+    // An unknown member, a longer box list, the same boxes in another order (array order
+    // counts), and a sender_boxes presence each make it different.
     let mut extra = m.clone();
     extra.insert("x-unknown", 1u64);
     let mut sender = m.clone();
     sender.insert("sender_boxes", m.get("recipient_boxes").cloned().unwrap());
+    let Some(Value::Array(boxes)) = m.get("recipient_boxes").cloned() else {
+        panic!("recipient_boxes");
+    };
+    assert_eq!(boxes.len(), 2);
+    assert_ne!(boxes[0], boxes[1]);
+    let mut longer = m.clone();
+    longer.insert(
+        "recipient_boxes",
+        Value::Array(vec![boxes[0].clone(), boxes[1].clone(), boxes[0].clone()]),
+    );
     let mut reordered = m.clone();
-    if let Some(Value::Array(mut boxes)) = m.get("recipient_boxes").cloned() {
-        let b0 = boxes[0].clone();
-        boxes.push(b0);
-        reordered.insert("recipient_boxes", Value::Array(boxes));
-    }
-    for variant in [extra, sender, reordered] {
+    reordered.insert(
+        "recipient_boxes",
+        Value::Array(vec![boxes[1].clone(), boxes[0].clone()]),
+    );
+    for variant in [extra, sender, longer, reordered] {
         let r = w.send(&alice, 0, &variant);
         assert_eq!(code_of(&r), "state_conflict");
         assert!(r.effects.is_empty());
@@ -211,8 +224,10 @@ fn idempotency_survives_a_relay_restart() {
 }
 
 #[test]
-fn concurrent_identical_requests_produce_one_acceptance() {
-    // The engine serializes operations; two identical requests arriving together are two calls in a row.
+fn identical_requests_one_after_the_other_produce_one_acceptance() {
+    // The engine serializes operations, so this is what concurrent requests become inside
+    // one engine; the conformance suite sends them truly at once to every live host
+    // (`concurrent_identical_sends_are_one_acceptance`).
     let (mut w, a, _, alice, bob) = setup(37);
     let m = w.message(
         &alice,
