@@ -541,6 +541,82 @@ fn seed_identical_and_conflicting_retries(ka: Kind, kb: Kind) {
 }
 every_pair!(seed_identical_and_conflicting_retries);
 
+/// Sends each body once from its own thread, all released together by a barrier, and
+/// returns the answers in the order of `bodies`.
+fn all_at_once(c: &Client, from: &User, bodies: &[&Object]) -> Vec<(u16, Vec<u8>)> {
+    let start = std::sync::Barrier::new(bodies.len());
+    std::thread::scope(|s| {
+        let threads: Vec<_> = bodies
+            .iter()
+            .map(|p| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    c.send_bytes(from, p)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("sender thread"))
+            .collect()
+    })
+}
+
+/// Seed, "Idempotent retries", with the requests truly concurrent: eight identical
+/// `message.send`s at once are one acceptance, one record and eight byte-identical
+/// answers; four and four of two contents under one key at once are one acceptance of
+/// whichever came first, and `state_conflict` for every request of the other.
+fn concurrent_identical_sends_are_one_acceptance(k: Kind) {
+    let a = proxied(k, Opts::default());
+    let mut c = Client::new(8);
+    let alice = c.register(&a.relay, true);
+    let carol = c.register(&a.relay, true);
+    let p = c.message(&alice, &carol, "at once", &Msg::default());
+    let id = message_id(&p);
+    let answers = all_at_once(&c, &alice, &[&p; 8]);
+    for (s, body) in &answers {
+        assert_eq!(*s, 200, "{}", String::from_utf8_lossy(body));
+        assert_eq!(body, &answers[0].1, "every answer is the stored result");
+    }
+    let done = c.wait_terminal(&alice, &id, WAIT);
+    assert_eq!(status_of(&done), "target_accepted", "{done:?}");
+    assert_eq!(received(&c, &carol, &id).len(), 1, "one record");
+
+    let q = c.message(&alice, &carol, "first", &Msg::default());
+    let mut other = c.message(&alice, &carol, "second", &Msg::default());
+    other.insert(
+        "envelope",
+        q.get("envelope").cloned().unwrap_or(Value::Null),
+    );
+    let bodies = [&q, &other, &q, &other, &q, &other, &q, &other];
+    let answers = all_at_once(&c, &alice, &bodies);
+    let won: Vec<bool> = answers.iter().map(|(s, _)| *s == 200).collect();
+    let winner = won.iter().position(|w| *w).expect("one content accepted");
+    for (i, (s, body)) in answers.iter().enumerate() {
+        let text = String::from_utf8_lossy(body);
+        if i % 2 == winner % 2 {
+            assert_eq!(*s, 200, "{text}");
+            assert_eq!(body, &answers[winner].1, "the stored result");
+        } else {
+            assert_eq!(*s, 409, "{text}");
+            assert!(text.contains("state_conflict"), "{text}");
+        }
+    }
+    let qid = message_id(&q);
+    c.wait_terminal(&alice, &qid, WAIT);
+    let got = received(&c, &carol, &qid);
+    assert_eq!(got.len(), 1, "one record: {got:?}");
+    // `other` carries boxes made for another envelope: its record is kept but reads as such.
+    let text = if winner % 2 == 0 {
+        "first"
+    } else {
+        "<does not decrypt>"
+    };
+    assert_eq!(got[0].2, text, "the record is the winner's");
+}
+every_host!(concurrent_identical_sends_are_one_acceptance);
+
 /// Seed, "DeliveryStatus" and retention: status of an unknown or another account's message
 /// is not_found; during retention it answers; after it the request is not recognized and,
 /// beyond the age limit, message_expired.
@@ -800,6 +876,375 @@ fn seed_route_error_switches_to_a_higher_revision_only(ka: Kind, kb: Kind) {
     );
 }
 every_pair!(seed_route_error_switches_to_a_higher_revision_only);
+
+/// `u`'s keys as its client uses them at `relay` with `session`: calls go there, and a
+/// session.open names it (a former home, while the account lives elsewhere).
+fn at_relay(u: &User, relay: &Relay, session: &str) -> User {
+    User {
+        key: u.key.clone(),
+        devices: u.devices.clone(),
+        certs: u.certs.clone(),
+        sessions: vec![session.to_string()],
+        api: relay.api(),
+        relay: relay.id(),
+        revision: u.revision,
+        route: u.route.clone(),
+    }
+}
+
+/// What a home answered for its account's messages before the account moved.
+struct Kept {
+    /// The message.send params it accepted.
+    sent: Vec<Object>,
+    /// Their terminal message.delivery.status.
+    statuses: Vec<Value>,
+    /// The bytes of an identical message.send of each, once terminal.
+    retries: Vec<Vec<u8>>,
+    /// `(kind, message_id, text)` of the records it held.
+    records: Vec<(String, String, String)>,
+}
+
+/// A (former) home, through `u`'s session there, still answers what it answered before:
+/// each status, an identical retry byte for byte, the records it holds.
+fn keeps_its_results(c: &Client, u: &User, kept: &Kept, when: &str) {
+    for ((p, before), bytes) in kept.sent.iter().zip(&kept.statuses).zip(&kept.retries) {
+        let id = message_id(p);
+        let (s, now) = c.status(u, &id);
+        assert_eq!(s, 200, "{when}: message.delivery.status of {id}: {now:?}");
+        assert_eq!(&now, before, "{when}: the status of {id} changed");
+        let (s, again) = c.send_bytes(u, p);
+        assert_eq!(
+            (s, String::from_utf8_lossy(&again)),
+            (200, String::from_utf8_lossy(bytes)),
+            "{when}: an identical message.send of {id} answers the stored result"
+        );
+    }
+    assert_eq!(
+        c.texts(u, 0),
+        kept.records,
+        "{when}: message.timeline.sync returns the records held"
+    );
+}
+
+/// The highest route a `not_home_relay` answer carries in `data.route`.
+fn route_in(v: &Value) -> Value {
+    field(v, "error")
+        .and_then(|e| field(e, "data"))
+        .and_then(|d| field(d, "route"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// `(status, code)` of an answer, and that a `not_home_relay` carries `route`.
+fn not_home_with(s: u16, v: &Value, route: &Object, what: &str) {
+    assert_eq!(
+        (s, code_of(v).as_str()),
+        (421, "not_home_relay"),
+        "{what}: {v:?}"
+    );
+    let r = route_in(v);
+    assert_eq!(
+        (str_of(&r, "relay"), u64_of(&r, "revision")),
+        (
+            str_of(&Value::Object(route.clone()), "relay"),
+            u64_of(&Value::Object(route.clone()), "revision")
+        ),
+        "{what}: data.route is the highest route held: {v:?}"
+    );
+    assert_eq!(r, Value::Object(route.clone()), "{what}: data.route");
+}
+
+/// A former home refuses what only a home may do: a new message.send (state_conflict for
+/// a different one under a message id it holds), device.register, account.update; each
+/// `not_home_relay` carries the account's `route` (the new home's).
+fn refuses_what_only_a_home_does(
+    c: &mut Client,
+    u: &User,
+    bob: &User,
+    kept: &Kept,
+    route: &Object,
+    when: &str,
+) {
+    let held = &kept.sent[0];
+    let mut other = c.message(u, bob, "the same id, other content", &Msg::default());
+    other.insert(
+        "envelope",
+        held.get("envelope").cloned().unwrap_or(Value::Null),
+    );
+    let (s, v) = c.send(u, &other);
+    assert_eq!(
+        (s, code_of(&v).as_str()),
+        (409, "state_conflict"),
+        "{when}: a different message.send under a held message id: {v:?}"
+    );
+    let fresh = c.message(u, bob, "new at the former home", &Msg::default());
+    let (s, v) = c.send(u, &fresh);
+    not_home_with(s, &v, route, &format!("{when}: a new message.send"));
+    let (_, cert) = c.new_device(u);
+    let mut p = Object::new();
+    p.insert("certificate", cert);
+    let (s, v) = c.call_as(u, "device.register", &p);
+    not_home_with(s, &v, route, &format!("{when}: device.register"));
+    let mut p = Object::new();
+    p.insert("discoverable", false);
+    let (s, v) = c.call_as(u, "account.update", &p);
+    not_home_with(s, &v, route, &format!("{when}: account.update"));
+}
+
+/// protocol.md, "Home relay changes (account migration)": alice moves from A to B (route
+/// revision 2) and back (revision 3); bob lives at C. A delivery towards alice held at A's
+/// proxy while she moves is refused by A with `not_home_relay` and the new route, and the
+/// source retries the unchanged request at B: accepted once, at B only. A, her former
+/// home, keeps its promises: a session opened there before or after the move reads every
+/// status A gave as source and the records A holds, an identical message.send answers the
+/// stored result byte for byte, a different one under the same id is state_conflict, and a
+/// new send, device.register and account.update are `not_home_relay` naming B at revision
+/// 2. Moved back, A serves her again with the records from before kept.
+fn migration_keeps_results_at_the_former_home(ka: Kind, kb: Kind) {
+    // C, as in the switching scenario: another host than B's where it can be.
+    let kc = if kb == Kind::Wasmtime {
+        Kind::Node
+    } else {
+        Kind::Wasmtime
+    };
+    let a = proxied(ka, Opts::default());
+    let b = proxied(kb, Opts::default());
+    let cc = proxied(kc, Opts::default());
+    let mut c = Client::new(31);
+    let mut alice = c.register(&a.relay, true);
+    let bob = c.register(&cc.relay, true);
+    c.publish(&a.relay, &bob);
+    c.publish(&b.relay, &bob);
+    c.publish(&cc.relay, &alice); // C holds revision 1: A.
+
+    // 1. At home at A: alice sends to bob (one with sender_boxes, so A holds a sent
+    // record) and to herself, and bob sends to her.
+    let boxed = Msg {
+        sender_boxes: true,
+        ..Msg::default()
+    };
+    let sent_at_a = vec![
+        c.message(&alice, &bob, "before 1", &boxed),
+        c.message(&alice, &bob, "before 2", &Msg::default()),
+        c.message(&alice, &alice, "note to self", &Msg::default()),
+    ];
+    for p in &sent_at_a {
+        let st = deliver_and_wait(&c, &alice, p);
+        assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    }
+    for p in &sent_at_a[..2] {
+        assert_eq!(received(&c, &bob, &message_id(p)).len(), 1);
+    }
+    let from_bob = c.message(&bob, &alice, "to alice at A", &Msg::default());
+    let st = deliver_and_wait(&c, &bob, &from_bob);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    let kept = Kept {
+        statuses: sent_at_a
+            .iter()
+            .map(|p| {
+                let (s, v) = c.status(&alice, &message_id(p));
+                assert_eq!(s, 200, "{v:?}");
+                v
+            })
+            .collect(),
+        retries: sent_at_a
+            .iter()
+            .map(|p| {
+                let (s, bytes) = c.send_bytes(&alice, p);
+                assert_eq!(s, 200, "{}", String::from_utf8_lossy(&bytes));
+                bytes
+            })
+            .collect(),
+        records: c.texts(&alice, 0),
+        sent: sent_at_a.clone(),
+    };
+    let rec =
+        |kind: &str, p: &Object, text: &str| (kind.to_string(), message_id(p), text.to_string());
+    assert_eq!(
+        kept.records,
+        [
+            rec("sent", &sent_at_a[0], "before 1"),
+            rec("self", &sent_at_a[2], "note to self"),
+            rec("received", &from_bob, "to alice at A"),
+        ],
+        "A's records before the move"
+    );
+    let old_at_a = at_relay(&alice, &a.relay, &alice.sessions[0]);
+
+    // 2. A delivery towards alice in flight at the move: A's proxy holds bob's first
+    // attempt (past C's attempt timeout) and loses every retry until alice has moved.
+    const HOLD: u64 = 6_000;
+    let lose_all = Chaos {
+        drop_request: 1000,
+        drop_response: 0,
+        delay: 0,
+        delay_ms: 0,
+        rate_limited: 0,
+        retry_after_ms: 0,
+        unavailable: 0,
+        reset: 0,
+    };
+    a.proxy.script(&[Fault::Delay(HOLD)]);
+    a.proxy.chaos(lose_all, 31);
+    let in_flight = c.message(&bob, &alice, "in flight at the move", &Msg::default());
+    let id_in = message_id(&in_flight);
+    let (s, v) = c.send(&bob, &in_flight);
+    assert_eq!((s, status_of(&v).as_str()), (200, "delivering"), "{v:?}");
+    // A lost retry: the first attempt is held, its outcome unknown to C.
+    let lost = a.proxy.wait_delivers(&id_in, 1);
+    assert!(
+        !lost.is_empty() && lost.iter().all(|h| h.fault == Fault::DropRequest),
+        "C retried at A while the first attempt was held: {lost:?}"
+    );
+    c.move_to(&mut alice, &b.relay, &a.relay); // A learns revision 2: B.
+    let moved_at = now_ms();
+    a.proxy.heal();
+    let st = c.wait_terminal(&bob, &id_in, WAIT);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    // Every attempt at A is done once the held one is (it reaches A HOLD ms after it came).
+    let started = std::time::Instant::now();
+    let at_a = loop {
+        let hits = a.proxy.delivers(&id_in);
+        if hits.iter().any(|h| h.fault == Fault::Delay(HOLD))
+            || started.elapsed() > Duration::from_millis(HOLD + 15_000)
+        {
+            break hits;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let at_b = b.proxy.wait_delivers(&id_in, 1);
+    let held = at_a
+        .iter()
+        .find(|h| h.fault == Fault::Delay(HOLD))
+        .unwrap_or_else(|| panic!("the held attempt is done: {at_a:?}"));
+    assert!(
+        held.at + HOLD > moved_at,
+        "the held attempt reached A after the move (the move took too long)"
+    );
+    for h in &at_a {
+        let want = match h.fault {
+            Fault::DropRequest => None,
+            _ => Some(421),
+        };
+        assert_eq!(
+            h.upstream_status, want,
+            "A never accepts it, and refuses it with not_home_relay: {at_a:?}"
+        );
+    }
+    let refused_at = at_a
+        .iter()
+        .filter(|h| h.fault == Fault::Pass)
+        .map(|h| h.at)
+        .chain(std::iter::once(held.at + HOLD))
+        .min()
+        .unwrap_or(u64::MAX);
+    assert_eq!(at_b.len(), 1, "{at_b:?}");
+    assert_eq!(at_b[0].upstream_status, Some(200), "{at_b:?}");
+    assert!(
+        at_b[0].at > refused_at,
+        "C retried at B only after A's not_home_relay"
+    );
+    assert_eq!(received(&c, &alice, &id_in).len(), 1, "accepted once, at B");
+
+    // 3. A, now a former home, keeps its results: through the session opened before the
+    // move, then through one opened after it.
+    let moved_route = alice.route.clone();
+    keeps_its_results(&c, &old_at_a, &kept, "a session opened before the move");
+    refuses_what_only_a_home_does(
+        &mut c,
+        &old_at_a,
+        &bob,
+        &kept,
+        &moved_route,
+        "a session opened before the move",
+    );
+    let (s, v) = c.try_open_session(&old_at_a, 0);
+    assert_eq!(
+        s, 200,
+        "session.open at the former home A (its device state frozen at the move): {v:?}"
+    );
+    let new_at_a = at_relay(&alice, &a.relay, &str_of(&v, "session"));
+    keeps_its_results(&c, &new_at_a, &kept, "a session opened after the move");
+    refuses_what_only_a_home_does(
+        &mut c,
+        &new_at_a,
+        &bob,
+        &kept,
+        &moved_route,
+        "a session opened after the move",
+    );
+
+    // 4. At B: a new message reaches bob, once.
+    let from_b = c.message(&alice, &bob, "from B", &boxed);
+    let st = deliver_and_wait(&c, &alice, &from_b);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    assert_eq!(received(&c, &bob, &message_id(&from_b)).len(), 1);
+    assert_eq!(cc.proxy.delivers(&message_id(&from_b)).len(), 1);
+    assert_eq!(
+        c.texts(&alice, 0),
+        [
+            rec("received", &in_flight, "in flight at the move"),
+            rec("sent", &from_b, "from B"),
+        ],
+        "B's records: none from A"
+    );
+    let old_at_b = at_relay(&alice, &b.relay, &alice.sessions[0]);
+
+    // 5. Back to A (revision 3, registered again there, published at B): A serves her
+    // again, with the records from before.
+    c.move_to(&mut alice, &a.relay, &b.relay);
+    assert_eq!(alice.revision, 3);
+    keeps_its_results(&c, &alice, &kept, "back home at A");
+    let back = c.message(&alice, &bob, "back at A", &boxed);
+    let st = deliver_and_wait(&c, &alice, &back);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    assert_eq!(received(&c, &bob, &message_id(&back)).len(), 1);
+    // Towards alice: whichever route C holds, the message is accepted at A, once.
+    let to_back = c.message(&bob, &alice, "welcome back", &Msg::default());
+    let st = deliver_and_wait(&c, &bob, &to_back);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    let accepted = |p: &Proxied| {
+        p.proxy
+            .delivers(&message_id(&to_back))
+            .iter()
+            .filter(|h| h.upstream_status == Some(200))
+            .count()
+    };
+    assert_eq!((accepted(&a), accepted(&b)), (1, 0), "accepted at A only");
+    let mut records = kept.records.clone();
+    records.push(rec("sent", &back, "back at A"));
+    records.push(rec("received", &to_back, "welcome back"));
+    assert_eq!(
+        c.texts(&alice, 0),
+        records,
+        "A's records, those from before the move kept"
+    );
+
+    // 6. Every invariant, alice seen at A (0) and at B (1), bob at C (2).
+    let sent: Vec<Sent> = [
+        (0, 2, &sent_at_a[0]),
+        (0, 2, &sent_at_a[1]),
+        (0, 0, &sent_at_a[2]),
+        (2, 0, &from_bob),
+        (2, 1, &in_flight),
+        (1, 2, &from_b),
+        (0, 2, &back),
+        (2, 0, &to_back),
+    ]
+    .into_iter()
+    .map(|(from, to, p)| sent_from(from, to, p))
+    .collect();
+    verify(
+        &c,
+        &[&alice, &old_at_b, &bob],
+        &sent,
+        &[&a.proxy, &b.proxy, &cc.proxy],
+        &[&a.relay, &b.relay, &cc.relay],
+        100,
+        WAIT,
+    );
+}
+every_pair!(migration_keeps_results_at_the_former_home);
 
 /// Seed, "The source's responsibility ... survives relay restarts": both relays killed
 /// (SIGKILL) while a delivery is pending; started again over their SQLite data, the source

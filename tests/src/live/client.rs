@@ -71,6 +71,24 @@ impl Http {
             .unwrap_or_else(|e| panic!("POST {url}: reading the answer: {e}"));
         (status, json::parse(&bytes).unwrap_or(Value::Null))
     }
+
+    /// POSTs `body`; the status and the answer's bytes, exactly as the relay wrote them.
+    pub fn post_bytes(&self, url: &str, bearer: Option<&str>, body: &[u8]) -> (u16, Vec<u8>) {
+        let mut req = self
+            .agent
+            .post(url)
+            .header("content-type", "application/json");
+        if let Some(b) = bearer {
+            req = req.header("authorization", &format!("Bearer {b}"));
+        }
+        let mut resp = req.send(body).unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .body_mut()
+            .read_to_vec()
+            .unwrap_or_else(|e| panic!("POST {url}: reading the answer: {e}"));
+        (status, bytes)
+    }
 }
 
 /// An account with its devices, as its owner holds it.
@@ -227,6 +245,29 @@ impl Client {
         u.sessions.push(token);
     }
 
+    /// A new device of `u` (send, sync, manage) and its certificate, registered nowhere.
+    pub fn new_device(&mut self, u: &User) -> (DeviceKey, Object) {
+        let device = DeviceKey::generate(&mut self.rng);
+        let cert = self.certificate(&u.key, &device);
+        (device, cert)
+    }
+
+    /// session.open for device `dev` of `u` at `u.api`, naming `u.relay` (which need not be
+    /// the account's home): the answer as it came, asserting nothing.
+    pub fn try_open_session(&mut self, u: &User, dev: usize) -> (u16, Value) {
+        let nonce = random_id(&mut self.rng);
+        let so = draft::session_open(
+            &self.net,
+            &u.relay,
+            &u.key.id(),
+            &u.devices[dev].id(),
+            now_ms(),
+            &nonce,
+        )
+        .sign(&u.devices[dev]);
+        self.call(&u.api, "session.open", None, &so)
+    }
+
     /// Opens a session for device `dev` at the account's home.
     pub fn open_session(&mut self, u: &User, dev: usize) -> String {
         let nonce = random_id(&mut self.rng);
@@ -312,6 +353,15 @@ impl Client {
             "message.delivery.status",
             Some(&from.sessions[0]),
             &p,
+        )
+    }
+
+    /// message.send from device 0 of `from`: the status and the answer's bytes as written.
+    pub fn send_bytes(&self, from: &User, p: &Object) -> (u16, Vec<u8>) {
+        self.http.post_bytes(
+            &format!("{}/v1/message.send", from.api),
+            Some(&from.sessions[0]),
+            &canonical::object_to_vec(p),
         )
     }
 
