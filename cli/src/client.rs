@@ -1,4 +1,4 @@
-//! A device talking to its home relay: the profile, the HTTP transport and a session.
+//! A device talking to its home relay (and former homes): the profile, the HTTP transport, sessions.
 
 use crate::error::{CallError, CliError};
 use crate::profile::{Profile, Session, Store};
@@ -71,22 +71,37 @@ impl Client {
         Ok(out)
     }
 
-    /// A session token valid for at least a minute, opening one if needed.
+    /// A session token at the home relay valid for at least a minute, opening one if needed.
     pub fn session(&mut self) -> Result<String, CliError> {
-        if let Some(s) = &self.profile.session {
+        let relay = self.profile.relay.clone();
+        self.session_at(&relay)
+    }
+
+    /// A session token at `relay` (the home or a former home) valid for at least a minute.
+    pub fn session_at(&mut self, relay: &str) -> Result<String, CliError> {
+        if let Some(s) = self.profile.session_at(relay) {
             if s.expires_at > now_ms() + SESSION_MARGIN {
                 return Ok(s.token.clone());
             }
         }
-        self.open_session()
+        self.open_session_at(relay)
     }
 
-    /// Opens a new session with a signed `session_open` and keeps it in the profile.
+    /// Opens a new session at the home relay and keeps it in the profile.
     pub fn open_session(&mut self) -> Result<String, CliError> {
+        let relay = self.profile.relay.clone();
+        self.open_session_at(&relay)
+    }
+
+    /// Opens a new session at `relay` with a signed `session_open` naming that relay; keeps it.
+    ///
+    /// A former home opens sessions too (checked against the devices as they
+    /// stood at the move), for the status, retries and records it still holds.
+    pub fn open_session_at(&mut self, relay: &str) -> Result<String, CliError> {
         let device = self.profile.device_key()?;
         let so = draft::session_open(
             &self.profile.network,
-            &self.profile.relay,
+            relay,
             &self.profile.account_id()?,
             &device.id(),
             now_ms(),
@@ -95,12 +110,7 @@ impl Client {
         .sign(&device);
         let r = self
             .http
-            .call(
-                &self.profile.relay,
-                "session.open",
-                None,
-                &canonical::object_to_vec(&so),
-            )
+            .call(relay, "session.open", None, &canonical::object_to_vec(&so))
             .map_err(CliError::from)?;
         let token = r
             .get("session")
@@ -115,7 +125,7 @@ impl Client {
             token: token.clone(),
             expires_at,
         };
-        self.update(|p| p.session = Some(s))?;
+        self.update(|p| p.keep_session(relay, s))?;
         Ok(token)
     }
 
@@ -125,12 +135,12 @@ impl Client {
         self.call_at(&relay, method, body)
     }
 
-    /// Like [`Client::call`] at `relay` (which must be where the session is).
+    /// Like [`Client::call`] at `relay`, with a session of that relay (opened there if needed).
     pub fn call_at(&mut self, relay: &str, method: &str, body: &[u8]) -> Result<Object, CallError> {
-        let token = self.session().map_err(to_call)?;
+        let token = self.session_at(relay).map_err(to_call)?;
         match self.http.call(relay, method, Some(&token), body) {
             Err(CallError::Relay(e)) if e.code == "unauthenticated" => {
-                let token = self.open_session().map_err(to_call)?;
+                let token = self.open_session_at(relay).map_err(to_call)?;
                 self.http.call(relay, method, Some(&token), body)
             }
             other => other,

@@ -177,6 +177,8 @@ pub fn init(g: &Globals, o: &InitOptions, out: &mut dyn Write) -> Result<(), Cli
         cursor: 0,
         contacts: Default::default(),
         outbox: Default::default(),
+        devices: Vec::new(),
+        former_homes: Vec::new(),
     };
     store.create(&p)?;
     register(&http, g.retry, &p)?;
@@ -190,6 +192,9 @@ fn whoami_of(p: &Profile, out: &mut dyn Write) -> Result<(), CliError> {
     let _ = writeln!(out, "relay    {}", p.relay);
     let _ = writeln!(out, "network  {}", p.network);
     let _ = writeln!(out, "route    revision {}", p.route_revision()?);
+    for f in &p.former_homes {
+        let _ = writeln!(out, "former   {}", f.relay);
+    }
     Ok(())
 }
 
@@ -202,57 +207,175 @@ pub fn whoami(g: &Globals, out: &mut dyn Write) -> Result<(), CliError> {
 pub fn route_publish(g: &Globals, at: &str, out: &mut dyn Write) -> Result<(), CliError> {
     let p = g.store().load()?;
     let at = relay_id(at)?;
-    let mut params = Object::new();
-    params.insert("route", p.route()?);
-    let body = canonical::object_to_vec(&params);
-    let http = g.http();
-    let r = idempotent(g.retry, || http.call(&at, "route.publish", None, &body))?;
-    let rev = r
-        .get("revision")
-        .and_then(Value::as_protocol_int)
-        .unwrap_or(0);
+    let rev = publish(&g.http(), g.retry, &at, &p.route()?)?;
     let _ = writeln!(out, "{at} holds route revision {rev}");
     Ok(())
 }
 
-/// Moves the account home to another relay: route revision + 1, registered there, published at the old one.
-pub fn move_to(g: &Globals, relay: &str, out: &mut dyn Write) -> Result<(), CliError> {
-    let store = g.store();
-    let old = store.load()?;
-    let relay = relay_id(relay)?;
-    let account = old.account_key()?;
-    let route = draft::route(
-        &old.network,
-        &account.id(),
-        &relay,
-        old.route_revision()? + 1,
-        now_ms(),
-    )
-    .sign(&account);
-    let mut next = old.clone();
-    next.relay = relay.clone();
-    next.route = text(&route);
-    let http = g.http();
-    register(&http, g.retry, &next)?;
-    let (_, p) = store.update(|p| {
-        p.relay = relay.clone();
-        p.route = text(&route);
-        p.session = None;
-        // The new home's timeline is a new sequence.
-        p.cursor = 0;
-    })?;
-    // Tell the old home, so it redirects deliveries; it is no harm if it is unreachable.
+/// `route.publish` of `route` at `relay`, retrying lost answers; the revision it holds.
+fn publish(http: &Http, policy: RetryPolicy, relay: &str, route: &Object) -> Result<u64, CliError> {
     let mut params = Object::new();
-    params.insert("route", route);
-    if let Err(e) = http.call(
-        &old.relay,
-        "route.publish",
-        None,
-        &canonical::object_to_vec(&params),
-    ) {
-        eprintln!("warning: publishing the new route at {}: {e:?}", old.relay);
+    params.insert("route", route.clone());
+    let body = canonical::object_to_vec(&params);
+    let r = idempotent(policy, || http.call(relay, "route.publish", None, &body))?;
+    Ok(r.get("revision")
+        .and_then(Value::as_protocol_int)
+        .unwrap_or(0))
+}
+
+/// The certificates of the account's devices this profile knows of, this device's first:
+/// its own, those it added (`device add`), and, when `listed` is given, the valid ones the
+/// home lists (`device.list`), less the devices the home lists as revoked.
+fn known_devices(p: &Profile, listed: Option<&Object>) -> Result<Vec<Object>, CliError> {
+    let me = p.account_id()?;
+    let mut certs = vec![p.certificate()?];
+    let mut candidates = Vec::new();
+    for d in &p.devices {
+        candidates.push(crate::profile::object(d, "device")?);
     }
-    whoami_of(&p, out)
+    let mut revoked = Vec::new();
+    if let Some(l) = listed {
+        if let Some(Value::Array(list)) = l.get("devices") {
+            candidates.extend(list.iter().filter_map(Value::as_object).cloned());
+        }
+        if let Some(Value::Array(list)) = l.get("revoked") {
+            revoked.extend(list.iter().filter_map(Value::as_str).map(str::to_string));
+        }
+    }
+    let mut seen = vec![p.device_id()?.as_str().to_string()];
+    for c in candidates {
+        // Only certificates of this account that verify; one per device.
+        let Ok(cert) = directory::verify_certificate(c.clone(), &p.network, &me) else {
+            continue;
+        };
+        let id = cert.device_id.as_str().to_string();
+        if !seen.contains(&id) && !revoked.contains(&id) {
+            seen.push(id);
+            certs.push(c);
+        }
+    }
+    Ok(certs)
+}
+
+/// The route `to` holds for the profile's account when it is of a higher revision than the
+/// profile's and names `to`: another device of the account moved it there already.
+fn moved_already(http: &Http, p: &Profile, to: &str) -> Result<Option<Object>, CliError> {
+    let me = p.account_id()?;
+    let mut params = Object::new();
+    params.insert("account", me.as_str());
+    let Ok(r) = http.call(to, "route.get", None, &canonical::object_to_vec(&params)) else {
+        return Ok(None);
+    };
+    let Some(route) = r.get("route").and_then(Value::as_object).cloned() else {
+        return Ok(None);
+    };
+    let Ok(held) = directory::verify_route(route.clone(), &p.network, Some(&me)) else {
+        return Ok(None);
+    };
+    Ok((held.relay.as_str() == to && held.revision > p.route_revision()?).then_some(route))
+}
+
+/// Moves the account's home to `to` (protocol.md, "Home relay changes").
+///
+/// A route of revision + 1 naming `to`; `account.register` there with this
+/// device's certificate; `device.register` there of every other device the
+/// profile knows of (those it added, and those the old home lists while it
+/// still serves the account); `route.publish` of the new route at the old
+/// home and at the new one. The old home becomes a former home of the
+/// profile: status, retries and sync keep reading what it accepted. Run
+/// again with the same URL it finishes a move that stopped half way; run on
+/// another device's profile it follows the move that device made.
+pub fn move_to(g: &Globals, to: &str, out: &mut dyn Write) -> Result<(), CliError> {
+    let to = relay_id(to)?;
+    let mut c = g.client()?;
+    let http = g.http();
+    let old = c.profile.clone();
+    let mut adopted = false;
+    let (route, from, listed) = if old.relay == to {
+        // Finishing an earlier move: the route stays, the old home is the latest former one.
+        let Some(from) = old.former_homes.last() else {
+            return Err(CliError::Usage(format!("{to} is already the home relay")));
+        };
+        (old.route()?, from.relay.clone(), None)
+    } else if let Some(route) = moved_already(&http, &old, &to)? {
+        // Another device of the account made this move: this profile follows it.
+        adopted = true;
+        (route, old.relay.clone(), None)
+    } else {
+        let account = old.account_key()?;
+        let route = draft::route(
+            &old.network,
+            &account.id(),
+            &to,
+            old.route_revision()? + 1,
+            now_ms(),
+        )
+        .sign(&account);
+        // The old home still serves the account: it lists the devices to take along.
+        let mut params = Object::new();
+        params.insert("account", account.id().as_str());
+        let listed = match c.call_object("device.list", &params) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!(
+                    "warning: the devices at {} could not be listed ({e}); \
+                     taking along only those this profile knows of",
+                    old.relay
+                );
+                None
+            }
+        };
+        (route, old.relay.clone(), listed)
+    };
+    let devices = known_devices(&old, listed.as_ref())?;
+    let mut next = old.clone();
+    next.relay = to.clone();
+    next.route = text(&route);
+    match register(&http, g.retry, &next) {
+        Ok(_) => {}
+        // The device that moved the account may have registered this one (without `manage`
+        // it cannot register itself); the session at the new home will tell.
+        Err(e) if adopted => eprintln!("warning: registering this device at {to}: {e}"),
+        Err(e) => return Err(e),
+    }
+    let route_text = text(&route);
+    c.update(|p| p.rehome(&to, route_text))?;
+    let mut registered = vec![format!("{} (this device)", old.device_id()?)];
+    let mut incomplete = false;
+    for cert in devices.into_iter().skip(1) {
+        let id = cert
+            .get("device_id")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_string();
+        let mut params = Object::new();
+        params.insert("certificate", cert);
+        match c.call_object("device.register", &params) {
+            Ok(_) => registered.push(id),
+            // A newer certificate of that device is registered there already.
+            Err(CliError::Relay(e)) if e.code == "state_conflict" => registered.push(id),
+            Err(e) => {
+                incomplete = true;
+                eprintln!("warning: registering device {id} at {to}: {e}");
+            }
+        }
+    }
+    // The old home learns the move (from then on it answers only for what it accepted);
+    // the new one holds the route already, publishing it there too is harmless.
+    for at in [&from, &to] {
+        if let Err(e) = publish(&http, g.retry, at, &route) {
+            incomplete = true;
+            eprintln!("warning: publishing the new route at {at}: {e}");
+        }
+    }
+    whoami_of(&c.profile, out)?;
+    let _ = writeln!(out, "devices  {}", registered.join(", "));
+    if incomplete {
+        eprintln!(
+            "the move is not complete: run `relayctl account move --to {to}` again to finish it"
+        );
+    }
+    Ok(())
 }
 
 /// Prints a contact card with a signed `contact_invite` (and our route and devices) for senders.
@@ -533,10 +656,17 @@ pub fn device_add(
     p.session = None;
     p.cursor = 0;
     p.outbox = Default::default();
+    // The new device knows the one that added it (and what that one knew), so either can
+    // take the other along when the account moves.
+    p.devices.push(c.profile.certificate.clone());
+    // It is registered at the current home only: a former home has no records for it.
+    p.former_homes = Vec::new();
     target.create(&p)?;
+    let cert_text = text(&cert);
     let mut params = Object::new();
     params.insert("certificate", cert);
     c.call_object("device.register", &params)?;
+    c.update(|p| p.devices.push(cert_text))?;
     let (_, p) = target.update(|p| p.registered = true)?;
     whoami_of(&p, out)
 }
@@ -550,6 +680,19 @@ pub fn device_revoke(g: &Globals, device_id: &str, out: &mut dyn Write) -> Resul
     let rev =
         draft::revocation(&c.profile.network, &account.id(), &device, now_ms()).sign(&account);
     let r = c.call_object("device.revoke", &rev)?;
+    // A revoked device is never taken along to a new home.
+    c.update(|p| {
+        p.devices.retain(|d| {
+            crate::profile::object(d, "device")
+                .ok()
+                .and_then(|o| {
+                    o.get("device_id")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                })
+                .is_none_or(|id| id != device.as_str())
+        })
+    })?;
     let _ = writeln!(
         out,
         "revoked {}",

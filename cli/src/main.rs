@@ -21,7 +21,13 @@ ACCOUNT:
                                  new account + device, registered at URL; saves the profile
     whoami                       account id, device id, relay of the profile
     route publish --at URL       publish the profile's current route at another relay
-    move --relay URL             make URL the account's home (route revision + 1)
+    account move --to URL        make URL the account's home: route revision + 1, registered
+                                 there with this device and the account's other devices this
+                                 profile knows of (those it added with `device add`, and those
+                                 the old home lists), published at the old home and at URL;
+                                 the old home stays a former home that status, retry and sync
+                                 still read from (`move --relay URL` is the same). On another
+                                 device's profile it follows the move already made to URL
     device list [ACCOUNT]        valid and revoked devices (default: our own account)
     device add --out FILE [--permissions send,sync,manage]
                                  register a new device of this account; its profile goes to FILE
@@ -37,12 +43,15 @@ MESSAGES:
          [--wait SECS] TEXT      encrypt and send TEXT; prints the DeliveryStatus
                                  (waits up to SECS, default 5, while it is delivering)
     retry MESSAGE_ID [--wait SECS]
-                                 re-send a stored message unchanged to the same relay
-    status MESSAGE_ID            message.delivery.status of a message we sent
+                                 re-send a stored message unchanged to the relay that took it
+    status MESSAGE_ID            message.delivery.status, asked of the relay that took it
     outbox                       sent messages: id, local state, last status, recipient
-    sync [--from SEQ]            print new timeline entries (HTTP, one shot) and exit
+    sync [--from SEQ]            print new timeline entries (HTTP, one shot) and exit: first
+                                 those still kept at former homes, then the home's (SEQ
+                                 applies to each relay's own sequence)
     follow [--from SEQ] [--count N]
-                                 follow the timeline over WebSocket (exit after N entries)
+                                 former homes' entries once, then follow the home's timeline
+                                 over WebSocket (exit after N entries)
 
 TOOLS:
     canonicalize                 JSON on stdin, RFC 8785 canonical form on stdout
@@ -165,6 +174,17 @@ fn globals(args: Vec<String>) -> Result<(Globals, Vec<String>), CliError> {
     Ok((g, rest))
 }
 
+/// The new home of `account move --to URL` (or its older spelling `move --relay URL`).
+fn move_target(a: &Args) -> Result<&str, CliError> {
+    match (a.get("--to"), a.get("--relay")) {
+        (Some(_), Some(_)) => Err(CliError::Usage(
+            "pass --to URL (or --relay URL), not both".into(),
+        )),
+        (Some(url), None) | (None, Some(url)) => Ok(url),
+        (None, None) => Err(CliError::Usage("--to URL is required".into())),
+    }
+}
+
 fn wait_of(a: &Args) -> Result<Duration, CliError> {
     Ok(Duration::from_secs(a.number("--wait")?.unwrap_or(5)))
 }
@@ -199,10 +219,17 @@ fn run(args: Vec<String>) -> Result<u8, CliError> {
             }
             commands::route_publish(&g, a.required("--at")?, out)?;
         }
+        "account" => {
+            let a = Args::parse(rest, &["--to", "--relay"], &[])?;
+            if a.one_positional("subcommand (move)")? != "move" {
+                return Err(CliError::Usage("account move --to URL".into()));
+            }
+            commands::move_to(&g, move_target(&a)?, out)?;
+        }
         "move" => {
-            let a = Args::parse(rest, &["--relay"], &[])?;
+            let a = Args::parse(rest, &["--to", "--relay"], &[])?;
             a.no_positional()?;
-            commands::move_to(&g, a.required("--relay")?, out)?;
+            commands::move_to(&g, move_target(&a)?, out)?;
         }
         "device" => {
             let a = Args::parse(rest, &["--out", "--permissions"], &[])?;
@@ -339,5 +366,66 @@ fn main() -> ExitCode {
             }
             ExitCode::from(e.exit_code())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    fn target(args: &str) -> Result<String, CliError> {
+        let a = Args::parse(&words(args), &["--to", "--relay"], &[])?;
+        move_target(&a).map(str::to_string)
+    }
+
+    #[test]
+    fn move_takes_to_or_its_older_spelling_relay_but_not_both() {
+        assert_eq!(
+            target("move --to http://127.0.0.1:9").unwrap(),
+            "http://127.0.0.1:9"
+        );
+        assert_eq!(
+            target("--relay http://127.0.0.1:9").unwrap(),
+            "http://127.0.0.1:9"
+        );
+        assert!(matches!(
+            target("move --to http://127.0.0.1:9 --relay http://127.0.0.1:10"),
+            Err(CliError::Usage(_))
+        ));
+        assert!(matches!(target("move"), Err(CliError::Usage(_))));
+        assert!(matches!(target("move --to"), Err(CliError::Usage(_))));
+        assert!(matches!(
+            target("move --at http://127.0.0.1:9"),
+            Err(CliError::Usage(_))
+        ));
+    }
+
+    #[test]
+    fn account_needs_the_move_subcommand_and_globals_may_stand_anywhere() {
+        let (g, rest) = globals(words(
+            "account --profile p.json move --timeout 3 --to http://127.0.0.1:9",
+        ))
+        .unwrap();
+        assert_eq!(g.profile, Some(PathBuf::from("p.json")));
+        assert_eq!(g.timeout, Duration::from_secs(3));
+        assert_eq!(rest, words("account move --to http://127.0.0.1:9"));
+        // Without a profile the command fails on the profile, after parsing; a wrong or
+        // missing subcommand fails as usage before anything is read.
+        for bad in [
+            "account",
+            "account moves --to http://127.0.0.1:9",
+            "account move x --to http://127.0.0.1:9",
+        ] {
+            let r = run(words(&format!("--profile /nonexistent/p.json {bad}")));
+            assert!(matches!(r, Err(CliError::Usage(_))), "{bad}: {r:?}");
+        }
+        let r = run(words(
+            "--profile /nonexistent/p.json account move --relay http://127.0.0.1:9",
+        ));
+        assert!(matches!(r, Err(CliError::Profile(_))), "{r:?}");
     }
 }

@@ -32,7 +32,10 @@ pub enum State {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OutboxEntry {
     pub to: String,
-    /// The relay it went to first; retries go nowhere else.
+    /// The relay it was sent to: the home then, the only relay that can accept it. Retries
+    /// and status go there, also after the account moved (its former home keeps answering).
+    /// Empty in an entry that lacks it: the current home.
+    #[serde(default)]
     pub relay: String,
     /// The exact request body.
     pub body: String,
@@ -49,6 +52,17 @@ pub struct OutboxEntry {
     /// The message id that replaced this one after `device_unknown`.
     #[serde(default)]
     pub replaced_by: Option<String>,
+}
+
+impl OutboxEntry {
+    /// The relay that accepted (or may have accepted) it; `home` for an entry without one.
+    pub fn relay_or<'a>(&'a self, home: &'a str) -> &'a str {
+        if self.relay.is_empty() {
+            home
+        } else {
+            &self.relay
+        }
+    }
 }
 
 /// The most entries kept; the oldest finished ones go first.
@@ -97,6 +111,7 @@ pub fn record_status(
 /// Any other error is the relay's explicit refusal and is returned as is.
 pub fn transmit(client: &mut Client, message_id: &str) -> Result<Object, CliError> {
     let entry = client.profile.sent(message_id)?;
+    let relay = entry.relay_or(&client.profile.relay).to_string();
     let policy = client.retry;
     let mut backoff = policy.initial_backoff;
     let mut rate_waited = Duration::ZERO;
@@ -105,7 +120,25 @@ pub fn transmit(client: &mut Client, message_id: &str) -> Result<Object, CliErro
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match client.call_at(&entry.relay, "message.send", entry.body.as_bytes()) {
+        // The session first, so that a relay refusing it (a former home that forgot the account,
+        // a revoked device) is not taken for a refusal of the message itself.
+        let opened = match client.session_at(&relay) {
+            Ok(_) => Ok(()),
+            Err(CliError::Transport(t)) => Err(t.to_string()),
+            Err(CliError::Relay(e))
+                if matches!(e.code.as_str(), "unavailable" | "internal" | "rate_limited") =>
+            {
+                Err(e.to_string())
+            }
+            Err(e) => return Err(e),
+        };
+        let answer = match opened {
+            Ok(()) => client.call_at(&relay, "message.send", entry.body.as_bytes()),
+            Err(why) => Err(CallError::Transport(TransportError::NotAttempted(format!(
+                "session.open at {relay}: {why}"
+            )))),
+        };
+        match answer {
             Ok(status) => {
                 record_status(client, message_id, &status)?;
                 return Ok(status);
@@ -184,4 +217,21 @@ fn relay_error_text(e: &crate::error::RelayError) -> String {
         o.insert("data", d.clone());
     }
     String::from_utf8_lossy(&canonical::object_to_vec(&o)).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_without_its_relay_belongs_to_the_current_home() {
+        let old = r#"{"to":"x","body":"{}","text":"hi","created_at":1,"state":"answered"}"#;
+        let e: OutboxEntry = serde_json::from_str(old).unwrap();
+        assert_eq!(e.relay_or("http://127.0.0.1:2"), "http://127.0.0.1:2");
+        let e = OutboxEntry {
+            relay: "http://127.0.0.1:1".into(),
+            ..e
+        };
+        assert_eq!(e.relay_or("http://127.0.0.1:2"), "http://127.0.0.1:1");
+    }
 }

@@ -1,5 +1,9 @@
 //! The local profile: one device's keys, its relay, session, contacts, outbox and timeline cursor.
 //!
+//! After `relayctl account move` it also lists the account's former home
+//! relays, each with its own session and timeline cursor: a former home keeps
+//! answering for what it accepted before the move (status, retries, records).
+//!
 //! A JSON file (default `$RELAYCTL_PROFILE`, else `./relayctl.json`), mode
 //! 0600 because it holds secret keys (base64url seeds). Protocol objects are
 //! kept as their canonical JSON text, so what was signed or sent is kept
@@ -55,6 +59,26 @@ pub struct Profile {
     /// Sent requests by message id, kept so a retry re-sends the very same bytes.
     #[serde(default)]
     pub outbox: BTreeMap<String, OutboxEntry>,
+    /// Certificates of the account's other devices this profile knows of (canonical JSON):
+    /// those it registered with `device add`; a move registers them at the new home.
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// The relays that were the account's home before a move, oldest first.
+    #[serde(default)]
+    pub former_homes: Vec<FormerHome>,
+}
+
+/// A relay that was the account's home: it still answers for what it accepted before the move.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FormerHome {
+    /// The relay's id.
+    pub relay: String,
+    /// The highest sequence of its timeline already shown.
+    #[serde(default)]
+    pub cursor: u64,
+    /// A session there (a former home still opens sessions for the account's devices).
+    #[serde(default)]
+    pub session: Option<Session>,
 }
 
 /// A session token at the home relay.
@@ -131,6 +155,67 @@ impl Profile {
     /// The account's current route object.
     pub fn route(&self) -> Result<Object, CliError> {
         object(&self.route, "route")
+    }
+
+    /// The session kept for `relay` (the home or a former home), if any.
+    pub fn session_at(&self, relay: &str) -> Option<&Session> {
+        if relay == self.relay {
+            return self.session.as_ref();
+        }
+        self.former(relay).and_then(|f| f.session.as_ref())
+    }
+
+    /// Keeps a session opened at `relay`; one at a relay that is neither home nor former is not kept.
+    pub fn keep_session(&mut self, relay: &str, s: Session) {
+        if relay == self.relay {
+            self.session = Some(s);
+        } else if let Some(f) = self.former_homes.iter_mut().find(|f| f.relay == relay) {
+            f.session = Some(s);
+        }
+    }
+
+    /// The timeline cursor of `relay` (the home's, or a former home's; 0 for any other).
+    pub fn cursor_at(&self, relay: &str) -> u64 {
+        if relay == self.relay {
+            return self.cursor;
+        }
+        self.former(relay).map_or(0, |f| f.cursor)
+    }
+
+    /// Moves the timeline cursor of `relay` forward to `next` (never back).
+    pub fn advance_cursor(&mut self, relay: &str, next: u64) {
+        if relay == self.relay {
+            self.cursor = self.cursor.max(next);
+        } else if let Some(f) = self.former_homes.iter_mut().find(|f| f.relay == relay) {
+            f.cursor = f.cursor.max(next);
+        }
+    }
+
+    /// The former home `relay`, if it is one.
+    pub fn former(&self, relay: &str) -> Option<&FormerHome> {
+        self.former_homes.iter().find(|f| f.relay == relay)
+    }
+
+    /// Makes `relay` the home with `route`: the current home becomes a former one (keeping its
+    /// session and cursor), and a former home that becomes the home again gets its own back.
+    pub fn rehome(&mut self, relay: &str, route: String) {
+        self.route = route;
+        if relay == self.relay {
+            return;
+        }
+        let back = self
+            .former_homes
+            .iter()
+            .position(|f| f.relay == relay)
+            .map(|i| self.former_homes.remove(i));
+        self.former_homes.push(FormerHome {
+            relay: std::mem::replace(&mut self.relay, relay.to_string()),
+            cursor: self.cursor,
+            session: self.session.take(),
+        });
+        // A timeline is per relay: the new home's starts anew unless it was ours before.
+        self.cursor = back.as_ref().map_or(0, |f| f.cursor);
+        self.session = back.and_then(|f| f.session);
     }
 
     /// The current route's revision.
@@ -243,5 +328,84 @@ impl Store {
         f.sync_all().map_err(err)?;
         std::fs::rename(&tmp, &self.path)
             .map_err(|e| CliError::Profile(format!("{}: {e}", self.path.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(relay: &str) -> Profile {
+        Profile {
+            version: VERSION,
+            network: "dev".into(),
+            relay: relay.into(),
+            account_key: String::new(),
+            device_signing_key: String::new(),
+            device_box_key: String::new(),
+            certificate: String::new(),
+            route: "r1".into(),
+            discoverable: false,
+            registered: true,
+            session: None,
+            cursor: 0,
+            contacts: BTreeMap::new(),
+            outbox: BTreeMap::new(),
+            devices: Vec::new(),
+            former_homes: Vec::new(),
+        }
+    }
+
+    fn session(token: &str) -> Session {
+        Session {
+            token: token.into(),
+            expires_at: 1,
+        }
+    }
+
+    #[test]
+    fn a_move_keeps_the_old_home_with_its_cursor_and_session_and_moving_back_restores_them() {
+        let (a, b) = ("http://127.0.0.1:1", "http://127.0.0.1:2");
+        let mut p = profile(a);
+        p.cursor = 7;
+        p.session = Some(session("at-a"));
+        p.rehome(b, "r2".into());
+        assert_eq!((p.relay.as_str(), p.route.as_str(), p.cursor), (b, "r2", 0));
+        assert!(p.session.is_none());
+        assert_eq!(p.former_homes.len(), 1);
+        assert_eq!(p.cursor_at(a), 7);
+        assert_eq!(p.session_at(a).unwrap().token, "at-a");
+
+        // Each relay's cursor and session are its own.
+        p.advance_cursor(b, 3);
+        p.advance_cursor(a, 9);
+        p.advance_cursor(a, 8);
+        p.keep_session(b, session("at-b"));
+        p.keep_session("http://127.0.0.1:3", session("elsewhere"));
+        assert_eq!((p.cursor_at(a), p.cursor_at(b)), (9, 3));
+        assert_eq!(p.session_at(b).unwrap().token, "at-b");
+        assert!(p.session_at("http://127.0.0.1:3").is_none());
+
+        // Back to A: its timeline goes on where it was read; B becomes the former home.
+        p.rehome(a, "r3".into());
+        assert_eq!((p.relay.as_str(), p.cursor), (a, 9));
+        assert_eq!(p.session.as_ref().unwrap().token, "at-a");
+        let former: Vec<&str> = p.former_homes.iter().map(|f| f.relay.as_str()).collect();
+        assert_eq!(former, [b]);
+        assert_eq!(p.cursor_at(b), 3);
+
+        // Finishing a move to where we already are changes only the route.
+        p.rehome(a, "r3".into());
+        assert_eq!(p.former_homes.len(), 1);
+    }
+
+    #[test]
+    fn a_profile_without_the_newer_members_still_reads() {
+        let mut v = serde_json::to_value(profile("http://127.0.0.1:1")).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("devices");
+        o.remove("former_homes");
+        let p: Profile = serde_json::from_value(v).unwrap();
+        assert!(p.former_homes.is_empty() && p.devices.is_empty());
     }
 }

@@ -113,11 +113,28 @@ pub fn compose(
     Ok((message_id, params))
 }
 
-/// `message.delivery.status` for one of our messages; recorded in the outbox.
+/// The relay that accepted `message_id` (the outbox's record), else the current home.
+pub fn accepting_relay(client: &Client, message_id: &str) -> String {
+    let home = client.profile.relay.as_str();
+    client
+        .profile
+        .outbox
+        .get(message_id)
+        .map_or(home, |e| e.relay_or(home))
+        .to_string()
+}
+
+/// `message.delivery.status` for one of our messages, asked of the relay that accepted it
+/// (a former home after a move, with a session opened there); recorded in the outbox.
 pub fn status(client: &mut Client, message_id: &str) -> Result<Object, CliError> {
     let mut p = Object::new();
     p.insert("message_id", message_id);
-    let s = client.call_object("message.delivery.status", &p)?;
+    let relay = accepting_relay(client, message_id);
+    let s = client.call_at(
+        &relay,
+        "message.delivery.status",
+        &canonical::object_to_vec(&p),
+    )?;
     outbox::record_status(client, message_id, &s)?;
     Ok(s)
 }

@@ -195,10 +195,11 @@ fn sync_params(after: u64) -> Vec<u8> {
     canonical::object_to_vec(&p)
 }
 
-/// Prints a page's lines and moves the profile's cursor; how many entries it had.
+/// Prints a page's lines and moves `relay`'s cursor in the profile; how many entries it had.
 fn show(
     client: &mut Client,
     reader: &Reader,
+    relay: &str,
     page: &Page,
     out: &mut dyn Write,
 ) -> Result<usize, CliError> {
@@ -207,23 +208,32 @@ fn show(
     }
     let _ = out.flush();
     let next = page.next;
-    client.update(|p| p.cursor = p.cursor.max(next))?;
+    client.update(|p| p.advance_cursor(relay, next))?;
     Ok(page.entries.len())
 }
 
-/// One-shot sync over HTTP from `after` (default: the cursor); prints every entry; how many.
-pub fn sync(
+/// Syncs the timeline `relay` holds for us over HTTP from `after` (default: that relay's
+/// cursor); prints every entry, after `header` on stderr when there are any; how many.
+fn sync_relay(
     client: &mut Client,
+    reader: &Reader,
+    relay: &str,
     after: Option<u64>,
+    header: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<usize, CliError> {
-    let reader = Reader::of(client)?;
-    let mut after = after.unwrap_or(client.profile.cursor);
+    let mut after = after.unwrap_or(client.profile.cursor_at(relay));
     let mut shown = 0;
     loop {
-        let r = client.call("message.timeline.sync", &sync_params(after))?;
+        let r = client.call_at(relay, "message.timeline.sync", &sync_params(after))?;
         let page = Page::parse(&r, after)?;
-        shown += show(client, &reader, &page, out)?;
+        if shown == 0 && !page.entries.is_empty() {
+            if let Some(h) = header {
+                let _ = out.flush();
+                eprintln!("{h}");
+            }
+        }
+        shown += show(client, reader, relay, &page, out)?;
         // `next` grows whenever `has_more` is set; the guard keeps a faulty relay from looping us.
         if !page.has_more || page.next <= after {
             return Ok(shown);
@@ -232,10 +242,66 @@ pub fn sync(
     }
 }
 
+/// Why a former home's records were not read, for stderr.
+fn former_home_problem(relay: &str, e: &CliError) -> String {
+    match e {
+        CliError::Relay(r) if r.code == "not_home_relay" => format!(
+            "former home {relay} no longer answers for this account (not_home_relay): \
+             the records it held are gone"
+        ),
+        CliError::Transport(t) => {
+            format!("former home {relay} is unreachable ({t}); its records are skipped this time")
+        }
+        other => format!("former home {relay}: {other}; its records are skipped"),
+    }
+}
+
+/// Reads the records each former home still holds (oldest home first, each from its own
+/// cursor, or from `after`); a former home that forgot the account or cannot be reached is
+/// reported on stderr and skipped. How many entries were shown.
+pub fn sync_former(
+    client: &mut Client,
+    reader: &Reader,
+    after: Option<u64>,
+    out: &mut dyn Write,
+) -> usize {
+    let relays: Vec<String> = client
+        .profile
+        .former_homes
+        .iter()
+        .map(|f| f.relay.clone())
+        .collect();
+    let mut shown = 0;
+    for relay in relays {
+        let header = format!("records kept at former home {relay}:");
+        match sync_relay(client, reader, &relay, after, Some(&header), out) {
+            Ok(n) => shown += n,
+            Err(e) => eprintln!("{}", former_home_problem(&relay, &e)),
+        }
+    }
+    shown
+}
+
+/// One-shot sync over HTTP from `after` (default: each relay's cursor); prints every entry; how many.
+///
+/// The records still held at former homes come first, then the current home's.
+pub fn sync(
+    client: &mut Client,
+    after: Option<u64>,
+    out: &mut dyn Write,
+) -> Result<usize, CliError> {
+    let reader = Reader::of(client)?;
+    let former = sync_former(client, &reader, after, out);
+    let relay = client.profile.relay.clone();
+    let header = (former > 0).then(|| format!("records at the home {relay}:"));
+    Ok(former + sync_relay(client, &reader, &relay, after, header.as_deref(), out)?)
+}
+
 /// Syncs over an open socket from `after`; the new cursor and how many entries were shown.
 fn sync_ws(
     client: &mut Client,
     reader: &Reader,
+    relay: &str,
     ws: &mut Ws,
     mut after: u64,
     out: &mut dyn Write,
@@ -244,7 +310,8 @@ fn sync_ws(
     loop {
         let r = ws.call("message.timeline.sync", &sync_params(after))?;
         let page = Page::parse(&r, after).map_err(|e| WsError::Closed(e.to_string()))?;
-        shown += show(client, reader, &page, out).map_err(|e| WsError::Closed(e.to_string()))?;
+        shown +=
+            show(client, reader, relay, &page, out).map_err(|e| WsError::Closed(e.to_string()))?;
         if !page.has_more || page.next <= after {
             return Ok((page.next.max(after), shown));
         }
@@ -254,9 +321,10 @@ fn sync_ws(
 
 /// Follows the timeline over WebSocket: syncs, then syncs again on each change notification.
 ///
-/// Reconnects (with backoff) when the connection drops and re-opens the
-/// session when the relay ends it (close 4401). Returns after `count`
-/// entries when given, else runs until interrupted.
+/// The records still held at former homes are read once first (over HTTP:
+/// nothing new arrives there). Reconnects (with backoff) when the connection
+/// drops and re-opens the session when the relay ends it (close 4401).
+/// Returns after `count` entries when given, else runs until interrupted.
 pub fn follow(
     client: &mut Client,
     from: Option<u64>,
@@ -264,8 +332,11 @@ pub fn follow(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let reader = Reader::of(client)?;
+    let mut shown = sync_former(client, &reader, from, out);
+    if count.is_some_and(|c| shown >= c) {
+        return Ok(());
+    }
     let mut after = from.unwrap_or(client.profile.cursor);
-    let mut shown = 0usize;
     let mut backoff = Duration::from_millis(500);
     let relay = client.profile.relay.clone();
     loop {
@@ -286,7 +357,7 @@ pub fn follow(
         let mut want_sync = true;
         let ended = loop {
             if want_sync {
-                match sync_ws(client, &reader, &mut ws, after, out) {
+                match sync_ws(client, &reader, &relay, &mut ws, after, out) {
                     Ok((next, n)) => {
                         after = next;
                         shown += n;

@@ -259,6 +259,145 @@ fn two_relays_exchange_messages_both_ways() {
     });
 }
 
+/// The relay the outbox entry `id` of `profile` names (read from the profile file).
+fn outbox_relay(profile: &Path, id: &str) -> String {
+    let text = std::fs::read(profile).expect("profile");
+    let p = relay_core::wire::json::parse_object(&text).expect("profile is JSON");
+    p.get("outbox")
+        .and_then(|o| o.as_object())
+        .and_then(|o| o.get(id))
+        .and_then(|e| e.as_object())
+        .and_then(|e| e.get("relay"))
+        .and_then(|r| r.as_str())
+        .unwrap_or_else(|| panic!("no outbox entry {id} with a relay"))
+        .to_string()
+}
+
+#[test]
+fn a_moved_account_still_reads_what_its_former_home_accepted() {
+    each(&Kind::ALL, |kind| {
+        let (home_a, home_b) = (relay(kind), relay(kind));
+        let (url_a, url_b) = (home_a.id(), home_b.id());
+        let dir = Dir::new(&format!("move-{}", kind.name()));
+        let (alice, alice2, bob) = (
+            dir.file("alice.json"),
+            dir.file("alice2.json"),
+            dir.file("bob.json"),
+        );
+        let a = account(&alice, &url_a);
+        let b = account(&bob, &url_a);
+        // A second device of alice's, added at A before the move: it goes along.
+        let second = field(
+            &ok(
+                &alice,
+                &["device", "add", "--out", alice2.to_str().unwrap()],
+            ),
+            "device",
+        );
+        let bob_card = card(&bob, &dir, "bob.card");
+        let before = ok(
+            &alice,
+            &[
+                "send",
+                "--invite",
+                bob_card.to_str().unwrap(),
+                "before the move",
+            ],
+        );
+        assert_eq!(json_str(&before, "status"), "target_accepted", "{before}");
+        let old_id = json_str(&before, "message_id");
+        let accepted_at = json_str(&before, "accepted_at");
+
+        let moved = ok(&alice, &["account", "move", "--to", &url_b]);
+        assert_eq!(field(&moved, "relay"), url_b, "{moved}");
+        assert_eq!(field(&moved, "former"), url_a, "{moved}");
+        assert_eq!(field(&moved, "route"), "revision 2", "{moved}");
+        assert!(field(&moved, "devices").contains(&second), "{moved}");
+        // B serves the account now, with both devices.
+        let listed = ok(&alice, &["device", "list"]);
+        assert!(listed.contains(&format!("{second}  active")), "{listed}");
+
+        // The old message is A's: status and retry go there (B never saw it) and get A's
+        // result, over a session opened at A.
+        assert_eq!(outbox_relay(&alice, &old_id), url_a);
+        let st = ok(&alice, &["status", &old_id]);
+        assert_eq!(json_str(&st, "status"), "target_accepted", "{st}");
+        assert_eq!(json_str(&st, "accepted_at"), accepted_at);
+        let again = ok(&alice, &["retry", &old_id]);
+        assert_eq!(json_str(&again, "message_id"), old_id);
+        assert_eq!(json_str(&again, "accepted_at"), accepted_at);
+
+        // sync reads the record A keeps (B holds none yet), each relay from its own cursor.
+        let o = ctl(&alice, &["sync"]);
+        assert_eq!(o.code, 0, "{} {}", o.stdout, o.stderr);
+        assert_eq!(
+            lines(&o.stdout),
+            vec![format!("1  sent  {a}  before the move")]
+        );
+        assert!(o.stderr.contains(&url_a), "{}", o.stderr);
+        assert!(lines(&ok(&alice, &["sync"])).is_empty());
+
+        // A new message is sent via B, to bob who stays at A.
+        let after = ok(
+            &alice,
+            &["send", "--to", &b, "--wait", "20", "after the move"],
+        );
+        assert_eq!(json_str(&after, "status"), "target_accepted", "{after}");
+        let new_id = json_str(&after, "message_id");
+        assert_ne!(new_id, old_id);
+        assert_eq!(outbox_relay(&alice, &new_id), url_b);
+        assert_eq!(
+            lines(&ok(&alice, &["sync"])),
+            vec![format!("1  sent  {a}  after the move")]
+        );
+        // From the start: A's records first, then B's.
+        assert_eq!(
+            lines(&ok(&alice, &["sync", "--from", "0"])),
+            vec![
+                format!("1  sent  {a}  before the move"),
+                format!("1  sent  {a}  after the move"),
+            ]
+        );
+
+        // Bob has each message exactly once.
+        assert_eq!(
+            lines(&ok(&bob, &["sync", "--from", "0"])),
+            vec![
+                format!("1  received  {a}  before the move"),
+                format!("2  received  {a}  after the move"),
+            ]
+        );
+
+        // The second device follows the move alice made, and reads both homes as well.
+        let followed = ok(&alice2, &["account", "move", "--to", &url_b]);
+        assert_eq!(field(&followed, "relay"), url_b, "{followed}");
+        assert_eq!(field(&followed, "route"), "revision 2", "{followed}");
+        assert_eq!(field(&followed, "former"), url_a, "{followed}");
+        assert_eq!(
+            lines(&ok(&alice2, &["sync"])),
+            vec![
+                format!("1  sent  {a}  before the move"),
+                format!("1  sent  {a}  after the move"),
+            ]
+        );
+
+        // A former home that cannot be reached is named on stderr; the home is still read.
+        drop(home_a);
+        let o = ctl(&alice, &["sync", "--from", "0"]);
+        assert_eq!(o.code, 0, "{} {}", o.stdout, o.stderr);
+        assert!(
+            o.stderr
+                .contains(&format!("former home {url_a} is unreachable")),
+            "{}",
+            o.stderr
+        );
+        assert_eq!(
+            lines(&o.stdout),
+            vec![format!("1  sent  {a}  after the move")]
+        );
+    });
+}
+
 /// A child process, killed when dropped (so a failed test leaves no follower behind).
 struct Killed(Child);
 
