@@ -849,15 +849,20 @@ fn an_answer_over_the_cap_is_an_unknown_outcome(k: Kind) {
 }
 every_host!(an_answer_over_the_cap_is_an_unknown_outcome);
 
+/// The host of a third relay C: another host than B's (wasmtime, or Node when B is wasmtime).
+fn third_host(kb: Kind) -> Kind {
+    if kb == Kind::Wasmtime {
+        Kind::Node
+    } else {
+        Kind::Wasmtime
+    }
+}
+
 /// Seed, "Switching targets": an account moves from B to C (route revision 2). The source
 /// keeps confirming with B while B's answer is unknown, and switches only on B's explicit
 /// not_home_relay carrying the higher revision.
 fn seed_route_error_switches_to_a_higher_revision_only(ka: Kind, kb: Kind) {
-    let kc = if kb == Kind::Wasmtime {
-        Kind::Node
-    } else {
-        Kind::Wasmtime
-    };
+    let kc = third_host(kb);
     let a = proxied(ka, Opts::default());
     let b = proxied(kb, Opts::default());
     let cc = proxied(kc, Opts::default());
@@ -1016,12 +1021,7 @@ fn refuses_what_only_a_home_does(
 /// new send, device.register and account.update are `not_home_relay` naming B at revision
 /// 2. Moved back, A serves her again with the records from before kept.
 fn migration_keeps_results_at_the_former_home(ka: Kind, kb: Kind) {
-    // C, as in the switching scenario: another host than B's where it can be.
-    let kc = if kb == Kind::Wasmtime {
-        Kind::Node
-    } else {
-        Kind::Wasmtime
-    };
+    let kc = third_host(kb);
     let a = proxied(ka, Opts::default());
     let b = proxied(kb, Opts::default());
     let cc = proxied(kc, Opts::default());

@@ -82,8 +82,18 @@ fn keys_with(w: &World, n: usize, prefix: &str) -> usize {
 }
 
 fn sync_at(w: &mut World, n: usize, token: &str) -> Result<Vec<Object>, relay_core::Error> {
+    sync_after(w, n, token, 0)
+}
+
+/// The timeline entries after sequence `after` (one page of up to 500).
+fn sync_after(
+    w: &mut World,
+    n: usize,
+    token: &str,
+    after: u64,
+) -> Result<Vec<Object>, relay_core::Error> {
     let mut p = Object::new();
-    p.insert("after", 0u64);
+    p.insert("after", after);
     p.insert("limit", 500u64);
     let r = call(w, n, token, "message.timeline.sync", &p);
     let body = r.body();
@@ -592,18 +602,8 @@ fn rule_4_moving_back_after_the_former_home_forgot_the_account_continues_its_seq
     move_account(&mut w, &mut alice, a);
     let m = w.message(&alice, 0, &alice, "back", &Msg::default());
     w.send(&alice, 0, &m).result.unwrap();
-    let mut p = Object::new();
-    p.insert("after", last);
-    p.insert("limit", 500u64);
     let t = alice.sessions[0].clone();
-    let r = call(&mut w, a, &t, "message.timeline.sync", &p);
-    let page = parse(&r.body());
-    let entries: Vec<Object> = field(&page, "entries")
-        .and_then(array)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|e| e.as_object().cloned())
-        .collect();
+    let entries = sync_after(&mut w, a, &t, last).unwrap();
     assert!(
         !entries.is_empty(),
         "the new record is after the old cursor"

@@ -971,6 +971,20 @@ impl Sim {
         self.next_seq += 1;
     }
 
+    /// Schedules a move of `acct` to relay `to` at `at`, followed by up to three more moves
+    /// (drawn from `moves_rng`, so the other draws of a seed stay as they were).
+    fn schedule_move(&mut self, at: u64, acct: usize, to: usize) {
+        let more = self.moves_rng.gen_range(0..=3);
+        self.schedule(
+            at,
+            Ev::Migrate {
+                acct,
+                to: Some(to),
+                more,
+            },
+        );
+    }
+
     fn permille(&mut self, p: u32) -> bool {
         p > 0 && self.rng.gen_range(0..1000) < p
     }
@@ -1138,15 +1152,7 @@ impl Sim {
             let at = start + self.rng.gen_range(0..window);
             let acct = self.rng.gen_range(0..accounts);
             let to = self.rng.gen_range(0..relays);
-            let more = self.moves_rng.gen_range(0..=3);
-            self.schedule(
-                at,
-                Ev::Migrate {
-                    acct,
-                    to: Some(to),
-                    more,
-                },
-            );
+            self.schedule_move(at, acct, to);
         }
         // An account of each sharded relay moves off it, late enough that its neighbours
         // hold its route by then (they meet its old shard's not_home_relay).
@@ -1160,15 +1166,7 @@ impl Sim {
             let acct = on[self.rng.gen_range(0..on.len())];
             let to = (r + self.rng.gen_range(1..relays)) % relays;
             let at = start + self.rng.gen_range(window / 3..window);
-            let more = self.moves_rng.gen_range(0..=3);
-            self.schedule(
-                at,
-                Ev::Migrate {
-                    acct,
-                    to: Some(to),
-                    more,
-                },
-            );
+            self.schedule_move(at, acct, to);
         }
         for _ in 0..self.rng.gen_range(0..=4) {
             let at = start + self.rng.gen_range(0..window + 8 * MIN);

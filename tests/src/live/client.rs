@@ -56,19 +56,7 @@ impl Http {
 
     /// POSTs `body`; the status and the parsed answer (`Null` if not JSON).
     pub fn post(&self, url: &str, bearer: Option<&str>, body: &[u8]) -> (u16, Value) {
-        let mut req = self
-            .agent
-            .post(url)
-            .header("content-type", "application/json");
-        if let Some(b) = bearer {
-            req = req.header("authorization", &format!("Bearer {b}"));
-        }
-        let mut resp = req.send(body).unwrap_or_else(|e| panic!("POST {url}: {e}"));
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .body_mut()
-            .read_to_vec()
-            .unwrap_or_else(|e| panic!("POST {url}: reading the answer: {e}"));
+        let (status, bytes) = self.post_bytes(url, bearer, body);
         (status, json::parse(&bytes).unwrap_or(Value::Null))
     }
 
@@ -233,8 +221,7 @@ impl Client {
 
     /// Adds a device (registered through device 0's session) with its own session.
     pub fn add_device(&mut self, u: &mut User) {
-        let device = DeviceKey::generate(&mut self.rng);
-        let cert = self.certificate(&u.key, &device);
+        let (device, cert) = self.new_device(u);
         let mut p = Object::new();
         p.insert("certificate", cert.clone());
         let (s, v) = self.call(&u.api, "device.register", Some(&u.sessions[0]), &p);
@@ -270,17 +257,7 @@ impl Client {
 
     /// Opens a session for device `dev` at the account's home.
     pub fn open_session(&mut self, u: &User, dev: usize) -> String {
-        let nonce = random_id(&mut self.rng);
-        let so = draft::session_open(
-            &self.net,
-            &u.relay,
-            &u.key.id(),
-            &u.devices[dev].id(),
-            now_ms(),
-            &nonce,
-        )
-        .sign(&u.devices[dev]);
-        let (s, v) = self.call(&u.api, "session.open", None, &so);
+        let (s, v) = self.try_open_session(u, dev);
         assert_eq!(s, 200, "session.open at {}: {v:?}", u.api);
         str_of(&v, "session")
     }
