@@ -515,6 +515,14 @@ impl RelayCore {
         }
     }
 
+    /// A `send` event of a sibling shard whose `shard` names this core (its `url` and
+    /// `body`), run as the relay's own call with no relay authentication: the answer as
+    /// `handle` gives one (`{"status", "headers", "effects"?}\nBODY`), for the sibling's
+    /// `fetched`. A host passes nothing else here.
+    pub fn sibling(&mut self, url: &str, body: &[u8], now: f64) -> Vec<u8> {
+        response_bytes(&self.relay.sibling(url, body, now as u64))
+    }
+
     /// Reports the `route.get` of a `route` step on the sibling shard: `status` as for
     /// `fetched`, then the request is submitted again.
     #[wasm_bindgen(js_name = routeFetched)]

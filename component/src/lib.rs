@@ -368,6 +368,12 @@ mod guest {
         fn key_fetched(relay: String, f: t::Fetch, now: u64) {
             with(|r| r.key_fetched(&relay, fetch(f), now), || ())
         }
+        fn sibling(url: String, body: Vec<u8>, now: u64) -> t::HttpResponse {
+            response(with(
+                |relay| relay.sibling(&url, &body, now),
+                || http::Response::fail(ErrorCode::Internal, NOT_READY),
+            ))
+        }
         fn fetched(task: String, attempt: u32, f: t::Fetch, now: u64) -> Vec<t::Event> {
             events(with(|r| r.fetched(&task, attempt, fetch(f), now), Vec::new))
         }

@@ -26,6 +26,8 @@ const DOOR = 'x-relay-door';
 const ORIGIN = 'x-relay-origin';
 const SHARD = 'x-relay-shard';
 const REQUEST_NAMES = new Set(REQUEST_HEADERS);
+/** Most calls in one commit group: a full group commits at once (the Node host has none by default; 64 bounds an answer's wait). */
+const GROUP_CAP = 64;
 
 /** The error body of protocol.md §4, for what the host answers itself. */
 const json = (status, value) => new Response(JSON.stringify(value), { status, headers: { 'content-type': 'application/json' } });
@@ -215,6 +217,8 @@ export class RelayShard extends DurableObject {
     /** The core's timer rules (earliest wins, backoff on failure), made per wasm generation. */
     this.alarmRules = null;
     this.alarmGen = -1;
+    /** Answers of the open commit group, released after its commit: `[answer, resolve]`. */
+    this.group = null;
     /** Key fetches in flight, by relay: requests waiting for the same relay's key share one GET. */
     this.keyFetches = new Map();
     ctx.blockConcurrencyWhile(async () => {
@@ -265,12 +269,88 @@ export class RelayShard extends DurableObject {
   }
 
   /**
-   * Runs one call into the core in one transaction with its commits. A trap or a failed
-   * commit rolls the transaction back and returns `fallback`; after a trap the instance is
-   * replaced and this object ticks again soon (its fresh core arms the alarm).
+   * Runs `f` (a call into the core) in this object's commit group: the calls made in one turn
+   * of the event loop (at most GROUP_CAP) leave their writes in the core's group, which one
+   * `transactionSync` then commits, and each answer is released only after that commit.
+   * The group's answers are null (nothing was accepted) when the call or the commit failed.
+   * @template T @param {(core: any) => T} f @returns {Promise<T | null>}
+   */
+  #grouped(f) {
+    // A group of a core that is gone (another object's trap replaced the instance) ends first.
+    if (this.group && (!this.core || this.gen !== generation)) this.#flush();
+    const core = this.#ensure();
+    if (!core) return Promise.resolve(null);
+    if (!this.group) {
+      core.beginGroup();
+      this.group = [];
+      setTimeout(() => this.#flush(), 0);
+    }
+    let out;
+    try {
+      out = f(core);
+    } catch (e) {
+      // A trap: the group's writes went with the instance, and its answers with them.
+      this.#trapped(e);
+      return Promise.resolve(null);
+    }
+    const answer = new Promise((resolve) => this.group.push([out, resolve]));
+    if (this.group.length >= GROUP_CAP) this.#flush();
+    return answer;
+  }
+
+  /** Commits the open group in one transaction, then releases its answers (all null if it failed). */
+  #flush() {
+    const group = this.group;
+    if (!group) return;
+    this.group = null;
+    this.store.failed = null;
+    let durable = true;
+    try {
+      // The instance was replaced since the group opened (another object's trap): the
+      // group's writes went with it.
+      if (!this.core || this.gen !== generation) throw new Error('the core was replaced before its group committed');
+      this.ctx.storage.transactionSync(() => {
+        this.core.flushGroup();
+        if (this.store.failed) throw this.store.failed;
+      });
+    } catch (e) {
+      durable = false;
+      if (e instanceof WebAssembly.RuntimeError) this.#trapped(e);
+      else console.error(`group commit of ${group.length} calls rolled back: ${e?.message ?? e}`);
+      this.#failed();
+    }
+    for (const [out, resolve] of group) resolve(durable ? out : null);
+  }
+
+  /** After a trap (or a call that threw): the open group answers null, and a fresh instance stands at next use. */
+  #trapped(e) {
+    if (e instanceof WebAssembly.RuntimeError) {
+      console.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
+      this.core?.__destroy_into_raw?.();
+      this.core = null;
+      reset();
+    } else {
+      // Thrown through the core part-way (a storage read that threw): its group may hold part
+      // of the call, so this object's core is let go of and a new one made at next use.
+      console.error(`core call failed: ${e?.message ?? e}`);
+      this.core?.__destroy_into_raw?.();
+      this.core = null;
+    }
+    const group = this.group;
+    this.group = null;
+    for (const [, resolve] of group ?? []) resolve(null);
+    this.#failed();
+  }
+
+  /**
+   * Runs one call into the core in one transaction with its commits, after committing any open
+   * group (so no answer or effect precedes a commit). A trap or a failed commit rolls the
+   * transaction back and returns `fallback`; after a trap the instance is replaced and this
+   * object ticks again soon (its fresh core arms the alarm).
    * @template T @param {(core: any) => T} f @param {T} fallback @returns {T}
    */
   #call(f, fallback) {
+    this.#flush();
     const core = this.#ensure();
     if (!core) return fallback;
     this.store.failed = null;
@@ -334,7 +414,7 @@ export class RelayShard extends DurableObject {
   async handle(req) {
     // The core counts the rounds: after its bound it answers busy rather than ask again.
     for (let round = 0; ; round += 1) {
-      const out = this.#call((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, round, Date.now()), null);
+      const out = await this.#grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, round, Date.now()));
       const s = out === null ? uncommitted() : stepOf(out);
       if ('fetch' in s) {
         await this.#fetchKey(s.fetch);
@@ -534,11 +614,36 @@ export class RelayShard extends DurableObject {
 
   /** Carries a `send` event: to a sibling shard's object, or POSTed to its url; reports what became of it. */
   async #attempt(e) {
-    const r =
-      e.shard !== undefined && e.shard !== null
-        ? await this.#internal(e.shard, 'POST', new URL(e.url).pathname, Object.entries(e.headers).map(([k, v]) => `${k}\n${v}\n`).join(''), encoder.encode(e.body))
-        : await this.#exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
+    const r = e.shard !== undefined && e.shard !== null ? await this.#toSibling(e.shard, e.url, encoder.encode(e.body)) : await this.#exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
     this.#run(JSON.parse(this.#call((c) => c.fetched(e.task, e.attempt, r.status, r.body, Date.now()), '[]')));
+  }
+
+  /**
+   * A send event for sibling shard `k`, by JavaScript RPC on its object (`sibling`):
+   * `{status, body}`, status -2 when the call failed without an answer.
+   */
+  async #toSibling(k, url, body) {
+    try {
+      return await shard(this.env, k).sibling(k, url, body);
+    } catch (e) {
+      console.warn(`shard ${k} did not answer: ${e?.message ?? e}`);
+      return { status: -2, body: EMPTY };
+    }
+  }
+
+  /**
+   * A sibling shard's send event for this shard (JavaScript RPC from its object): the core
+   * runs it as the relay's own call, with no relay authentication (the shards share the
+   * relay's key; nothing but a sibling's object reaches this method). `{status, body}`.
+   * @param {number} k this shard's index @param {string} url @param {Uint8Array} body
+   */
+  async sibling(k, url, body) {
+    this.#learn(k);
+    if (!this.#ensure()) return { status: 503, body: encoder.encode(JSON.stringify(errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`))) };
+    const out = await this.#grouped((c) => c.sibling(url, body, Date.now()));
+    const s = out === null ? uncommitted() : stepOf(out);
+    this.#run(s.effects);
+    return { status: s.status, body: s.body.slice() };
   }
 
   /**

@@ -508,6 +508,13 @@ impl Core {
         .unwrap_or_else(|| uncommitted_answer(text))
     }
 
+    /// A send event of a sibling shard that names this core (its url and body), run as the
+    /// relay's own call. After a trap, the `internal` answer: nothing was accepted.
+    pub fn sibling(&mut self, url: &str, body: &[u8], now: u64) -> HttpResponse {
+        self.guarded(|i, s| i.call_sibling(s, url, body, now))
+            .unwrap_or_else(uncommitted_response)
+    }
+
     /// Reports what became of a key fetch the core asked for (lost with a trap: the core
     /// then asks again).
     pub fn key_fetched(&mut self, relay: &str, fetch: &Fetch, now: u64) {

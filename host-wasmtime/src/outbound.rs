@@ -13,7 +13,7 @@
 //! Key fetches for inbound relay requests are limited by the core's key book; the host only
 //! makes concurrent requests for one relay's key share one GET ([`KeyGets`]).
 
-use crate::guest::{Fetch, HttpRequest, KeyFetch, Listener, PeerRequest, Step};
+use crate::guest::{Fetch, HttpRequest, KeyFetch, PeerRequest, Step};
 use crate::{now_ms, refused_address, App};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -439,25 +439,21 @@ pub async fn internal(app: &Arc<App>, shard: u32, request: HttpRequest) -> Fetch
 pub async fn attempt(app: Arc<App>, shard: u32, req: PeerRequest) {
     let started = std::time::Instant::now();
     let exchange = match req.shard {
+        // A sibling shard: its core runs the request as the relay's own call (no signature,
+        // no nonce, no second verification) and its events run for it.
         Some(sibling) => {
-            let path = req
-                .url
-                .strip_prefix(req.target.as_str())
-                .unwrap_or(&req.url)
-                .to_string();
-            let request = HttpRequest {
-                listener: Listener::Public,
-                method: "POST".into(),
-                path,
-                query: String::new(),
-                headers: req.headers.clone(),
-                body: req.body.clone(),
-                origin: None,
-            };
-            match internal(&app, sibling, request).await {
-                Fetch::Answered((s, body)) => Exchange::Answered(s, body),
-                Fetch::NotSent => Exchange::NotSent("the sibling shard".into()),
-                Fetch::Unknown => Exchange::Unknown("the sibling shard's commit failed".into()),
+            let (url, body) = (req.url.clone(), req.body.clone());
+            let answer = app
+                .core(sibling)
+                .run(move |c| c.sibling(&url, &body, now_ms()))
+                .await;
+            match answer {
+                Some(mut r) => {
+                    app.dispatch(sibling, std::mem::take(&mut r.events));
+                    Exchange::Answered(r.status, r.body)
+                }
+                // Its group commit failed: nothing was accepted there, and nothing is known here.
+                None => Exchange::Unknown("the sibling shard's commit failed".into()),
             }
         }
         None => {

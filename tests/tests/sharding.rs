@@ -45,6 +45,73 @@ fn kinds(entries: &[Object]) -> Vec<String> {
         .collect()
 }
 
+thread_local! {
+    /// Signature verifications the counting verifier saw on this test's thread.
+    static VERIFIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A host verifier that counts and leaves every verdict to the core.
+fn counting(
+    _: &[u8; 32],
+    _: &[u8],
+    _: &[u8; 64],
+) -> Option<Result<(), relay_core::wire::signature::SignatureError>> {
+    VERIFIED.with(|v| v.set(v.get() + 1));
+    None
+}
+
+#[test]
+fn a_delivery_between_shards_is_a_trusted_step_that_verifies_no_signature_again() {
+    let Pair {
+        mut w, alice, bob, ..
+    } = pair(12, true);
+    let other = w.relay("o");
+    let carol = w.account(other, 3, true);
+    let target = bob.home;
+    w.nodes[target]
+        .engine
+        .set_crypto(relay_core::wire::crypto::Crypto::with_host(
+            Some(counting),
+            None,
+        ));
+    let count = || VERIFIED.with(|v| v.get());
+    // From a sibling shard: rule 2's signatures were verified when alice's shard accepted it.
+    let m = w.message(&alice, 0, &bob, "from a sibling", &Msg::default());
+    w.send(&alice, 0, &m).result.unwrap();
+    let before = count();
+    w.pump();
+    let s = w.status(&alice, &message_id(&m)).result.unwrap();
+    assert_eq!(status_of(&s), "target_accepted");
+    assert_eq!(
+        count(),
+        before,
+        "bob's shard verified a sibling's delivery again"
+    );
+    // From another relay: the same rules verify the certificate and the envelope.
+    let route = w.route_of(&bob);
+    let m = w.message(
+        &carol,
+        0,
+        &bob,
+        "from afar",
+        &Msg {
+            recipient_route: Some(route),
+            ..Msg::default()
+        },
+    );
+    w.send(&carol, 0, &m).result.unwrap();
+    let before = count();
+    w.pump();
+    let s = w.status(&carol, &message_id(&m)).result.unwrap();
+    assert_eq!(status_of(&s), "target_accepted");
+    assert!(count() > before, "a foreign delivery was not verified");
+    assert_eq!(
+        kinds(&w.sync_all(&bob, 0)),
+        ["received", "received"],
+        "each once in the timeline"
+    );
+}
+
 #[test]
 fn accounts_live_on_the_shard_their_id_hashes_to_and_sessions_name_it() {
     let Pair { w, alice, bob } = pair(1, true);

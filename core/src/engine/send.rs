@@ -364,6 +364,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 envelope: env,
                 certificate: Some((c.cert, c.cert_text)),
                 routed_here: true,
+                vouched: false,
             }
         });
         let kind = if parsed.is_some() { "local" } else { "cross" };

@@ -19,15 +19,15 @@ pub struct PeerRequest {
     pub target: String,
     /// `{target}/relay/v1/{method}`.
     pub url: String,
-    /// `content-type` and the four relay authentication headers.
+    /// `content-type` and the four relay authentication headers (none for a sibling shard).
     pub headers: Vec<(&'static str, String)>,
     /// The exact bytes to send.
     pub body: Vec<u8>,
     /// The host gives up after this many ms: two thirds of the engine's attempt timeout,
     /// so its verdict reaches the core before the core's own timer decides.
     pub timeout_ms: u64,
-    /// When the target is this relay itself: the sibling shard whose engine takes the
-    /// request directly (as a public request to `url`'s path), with no network between.
+    /// When the target is this relay itself: the sibling shard whose core takes the request
+    /// directly (`Relay::sibling` of `url` and `body`), with no network between.
     pub shard: Option<u32>,
 }
 

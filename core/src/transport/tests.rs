@@ -231,6 +231,44 @@ fn a_sibling_shard_is_authenticated_by_the_relays_own_key_and_an_impostor_is_not
 }
 
 #[test]
+fn a_sibling_shards_send_is_unsigned_and_runs_as_the_relays_own_call() {
+    use crate::engine::shard::Shard;
+    let mut s0 = sharded(A, 1, Shard::new(0, 2).unwrap());
+    let mut s1 = sharded(A, 1, Shard::new(1, 2).unwrap());
+    let send = |shard| Effect::Send {
+        task: "t".into(),
+        attempt: 1,
+        target: RelayId::parse(A).unwrap(),
+        method: PeerMethod::RouteGet,
+        body: ROUTE_GET.to_vec(),
+        shard,
+    };
+    // To a sibling: no relay authentication headers (nothing signed, no nonce drawn).
+    let events = s0.events(vec![send(Some(1))], T0);
+    let Event::Send(p) = &events[0] else {
+        panic!("not a send: {events:?}")
+    };
+    assert!(p.headers.is_empty(), "{:?}", p.headers);
+    assert_eq!(p.shard, Some(1));
+    // Over the network the same effect is signed.
+    let Event::Send(signed) = &s0.events(vec![send(None)], T0)[0] else {
+        panic!("not a send")
+    };
+    assert!(signed.headers.len() > 1);
+    // The sibling runs it as the relay's own call: the route.get answer, with no key fetch.
+    let r = s1.sibling(&p.url, &p.body, T0);
+    assert_eq!((r.status, code(&r).as_str()), (404, "not_found"));
+    assert_eq!(s1.key_fetches(), 0);
+    // Only this relay's relay methods: another relay's url, a client method, a bad body.
+    let other = s1.sibling(&format!("{B}/relay/v1/route.get"), ROUTE_GET, T0);
+    assert_eq!((other.status, code(&other).as_str()), (404, "not_found"));
+    let client = s1.sibling(&format!("{A}/relay/v1/message.send"), b"{}", T0);
+    assert_eq!(client.status, 404);
+    let bad = s1.sibling(&p.url, b"{\"account\":", T0);
+    assert_eq!((bad.status, code(&bad).as_str()), (400, "invalid_params"));
+}
+
+#[test]
 fn relay_requests_are_checked_before_any_fetch() {
     let mut a = relay(A, 1);
     let mut b = relay(B, 2);

@@ -101,15 +101,22 @@ impl MessageEnvelope {
         self.verify_with_in(cert, &mut Crypto::new())
     }
 
+    /// Whether `cert` is the certificate of this envelope's sender device (the part of
+    /// [`MessageEnvelope::verify_with`] that needs no signature).
+    pub fn names_sender_of(&self, cert: &DeviceCertificate) -> Result<(), EnvelopeError> {
+        if cert.account != self.from || cert.device_id != self.from_device_id {
+            return Err(EnvelopeError::CertificateMismatch);
+        }
+        Ok(())
+    }
+
     /// [`MessageEnvelope::verify_with`] with an engine's crypto.
     pub fn verify_with_in(
         &self,
         cert: &DeviceCertificate,
         crypto: &mut Crypto,
     ) -> Result<(), EnvelopeError> {
-        if cert.account != self.from || cert.device_id != self.from_device_id {
-            return Err(EnvelopeError::CertificateMismatch);
-        }
+        self.names_sender_of(cert)?;
         if self.verified_under.get() == Some(cert.device_key) {
             return Ok(());
         }
