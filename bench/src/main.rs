@@ -280,14 +280,15 @@ async fn soak(
     for (part, name) in [
         ("wasmtime", "wasmtime host, HTTP"),
         ("node", "node host, HTTP"),
+        ("edge", "edge host, HTTP"),
     ] {
         if skip.iter().any(|s| s == part) {
             continue;
         }
-        let host = if part == "wasmtime" {
-            hosts::Host::wasmtime(&exe, &scratch.join("soak-wasmtime")).await?
-        } else {
-            hosts::Host::node(&root(), &scratch.join("soak-node")).await?
+        let host = match part {
+            "wasmtime" => hosts::Host::wasmtime(&exe, &scratch.join("soak-wasmtime")).await?,
+            "node" => hosts::Host::node(&root(), &scratch.join("soak-node")).await?,
+            _ => hosts::Host::edge(&root(), &scratch.join("soak-edge"), 1).await?,
         };
         let rounds = soak_rounds(&host, name, total).await;
         host.stop();

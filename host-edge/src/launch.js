@@ -17,7 +17,7 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 const ROOT = path.resolve(HERE, '..');
 
 /** The date the Worker is written for (wrangler.jsonc names the same). */
-export const COMPATIBILITY_DATE = '2025-12-01';
+export const COMPATIBILITY_DATE = '2026-11-17';
 
 /** The modules of the Worker: its name in workerd (as imports resolve it) and its file. */
 const MODULES = [

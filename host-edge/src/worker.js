@@ -177,8 +177,21 @@ export default {
         headers.set('upgrade', 'websocket');
         headers.set('connection', 'upgrade');
       }
-      if (admin) headers.set(DOOR, 'admin');
       const origin = request.headers.get('cf-connecting-ip');
+      // Every call but a WebSocket handshake goes to the object by JavaScript RPC: plain
+      // data in (the request as the core reads it), plain data out (the core's answer).
+      if (!headers.has('upgrade')) {
+        const call = { shard: k, admin, method: request.method, path: url.pathname, query, headers: headerText(request.headers), body, origin };
+        return shard(env, k)
+          .request(call)
+          .then(respond, (e) => {
+            // Not answered as a call that accepted nothing: the object may have committed
+            // before it failed, so the outcome is unknown, as a dropped connection's is.
+            console.error(`shard ${k} failed: ${e?.message ?? e}`);
+            return new Response(null, { status: 502 });
+          });
+      }
+      if (admin) headers.set(DOOR, 'admin');
       if (origin) headers.set(ORIGIN, origin);
       headers.set(SHARD, String(k));
       to = { k, init: { method: request.method, headers, body: request.method === 'POST' ? body : undefined } };
@@ -403,6 +416,20 @@ export class RelayShard extends DurableObject {
     const s = await this.handle(req);
     if ('upgrade' in s) return this.#accept(s.upgrade, req.origin);
     return respond(s);
+  }
+
+  /**
+   * A request from the Worker by JavaScript RPC (every call but a WebSocket handshake): the
+   * request as the core reads it, answered `{status, headers, body}`.
+   * @param {{shard: number, admin: boolean, method: string, path: string, query: string, headers: string, body: Uint8Array, origin: string | null}} req
+   */
+  async request(req) {
+    this.#learn(req.shard);
+    if (!this.#ensure()) return answer(503, errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`));
+    const s = await this.handle(req);
+    // An upgrade never comes this way (the Worker sends handshakes by fetch).
+    if ('upgrade' in s) return answer(400, errorBody('invalid_params', 'a WebSocket handshake comes by fetch'));
+    return { status: s.status, headers: s.headers, body: s.body };
   }
 
   /**

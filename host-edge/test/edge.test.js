@@ -290,7 +290,7 @@ test('a trap on workerd is a WebAssembly.RuntimeError, and reset() gives a fresh
   const rel = (f) => JSON.stringify(path.relative(dir, new URL(f, import.meta.url).pathname));
   fs.writeFileSync(path.join(dir, 'trap.capnp'), `using Workerd = import "/workerd/workerd.capnp";
 const config :Workerd.Config = (
-  services = [(name = "trap", worker = (compatibilityDate = "2025-12-01", modules = [
+  services = [(name = "trap", worker = (compatibilityDate = "2026-11-17", modules = [
     (name = "test/trap-worker.js", esModule = embed ${rel('./trap-worker.js')}),
     (name = "src/core.js", esModule = embed ${rel('../src/core.js')}),
     (name = "pkg/relay_wasm.js", esModule = embed ${rel('../pkg/relay_wasm.js')}),
