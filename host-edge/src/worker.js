@@ -26,6 +26,39 @@ const DOOR = 'x-relay-door';
 const ORIGIN = 'x-relay-origin';
 const SHARD = 'x-relay-shard';
 const REQUEST_NAMES = new Set(REQUEST_HEADERS);
+/**
+ * Most outbound connections one object holds at once: Cloudflare allows six simultaneous open
+ * connections per invocation, and an object's attempts and key fetches share its invocations.
+ * The rest wait their turn in order; an attempt's time starts when its turn comes.
+ */
+const MAX_OUTBOUND = 6;
+
+/** Turns for outbound connections: at most `n` at once, the rest first come, first served. */
+class Turns {
+  /** @param {number} n */
+  constructor(n) {
+    this.free = n;
+    /** @type {Array<() => void>} */
+    this.waiting = [];
+  }
+
+  /** Resolves when a turn is this caller's. */
+  take() {
+    if (this.free > 0) {
+      this.free -= 1;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => this.waiting.push(resolve));
+  }
+
+  /** Ends a turn: the next waiting caller's starts. */
+  give() {
+    const next = this.waiting.shift();
+    if (next) next();
+    else this.free += 1;
+  }
+}
+
 /** Most calls in one commit group: a full group commits at once (the Node host has none by default; 64 bounds an answer's wait). */
 const GROUP_CAP = 64;
 
@@ -230,6 +263,8 @@ export class RelayShard extends DurableObject {
     /** The core's timer rules (earliest wins, backoff on failure), made per wasm generation. */
     this.alarmRules = null;
     this.alarmGen = -1;
+    /** Outbound connections (attempts, key fetches, their connection probes): MAX_OUTBOUND at once. */
+    this.outbound = new Turns(MAX_OUTBOUND);
     /** Answers of the open commit group, released after its commit: `[answer, resolve]`. */
     this.group = null;
     /** Key fetches in flight, by relay: requests waiting for the same relay's key share one GET. */
@@ -682,6 +717,10 @@ export class RelayShard extends DurableObject {
    * the same network rules as fetch): when it fails (refused, unresolved, an address the
    * rules refuse) the request is *not attempted*; once it succeeded, any failure is unknown.
    * `probe_peers: false` skips it (every failure is then unknown, which is safe).
+   *
+   * At most MAX_OUTBOUND exchanges of this object are open at once (Workers' limit on
+   * simultaneous connections); the rest wait in order, and one that waited its whole time
+   * is reported never sent.
    */
   async #exchange(method, url, headers, body, timeout) {
     const notSent = (why) => ({ status: -1, body: EMPTY, why });
@@ -696,14 +735,23 @@ export class RelayShard extends DurableObject {
       console.warn(`peer refused, not attempted: ${refused}`);
       return notSent('refused');
     }
-    const deadline = Date.now() + timeout;
-    if (this.settings.probePeers && !(await reachable(u, timeout))) return notSent('unreachable');
+    const queued = Date.now();
+    await this.outbound.take();
     try {
-      const res = await fetch(u, { method, headers, body, redirect: 'manual', signal: AbortSignal.timeout(Math.max(1, deadline - Date.now())) });
-      const answer = await readAll(res.body, RelayCore.maxAnswer());
-      return answer === null ? { status: -2, body: EMPTY, why: 'answer too large' } : { status: res.status, body: answer };
-    } catch (e) {
-      return { status: -2, body: EMPTY, why: String(e?.message ?? e) };
+      // Waited as long as the exchange may take: never sent, so the core retries it freely.
+      if (Date.now() - queued >= timeout) return notSent('queued past its time');
+      // The exchange's time starts now, when its connection opens, not when it was queued.
+      const deadline = Date.now() + timeout;
+      if (this.settings.probePeers && !(await reachable(u, timeout))) return notSent('unreachable');
+      try {
+        const res = await fetch(u, { method, headers, body, redirect: 'manual', signal: AbortSignal.timeout(Math.max(1, deadline - Date.now())) });
+        const answer = await readAll(res.body, RelayCore.maxAnswer());
+        return answer === null ? { status: -2, body: EMPTY, why: 'answer too large' } : { status: res.status, body: answer };
+      } catch (e) {
+        return { status: -2, body: EMPTY, why: String(e?.message ?? e) };
+      }
+    } finally {
+      this.outbound.give();
     }
   }
 }

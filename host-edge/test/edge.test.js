@@ -5,6 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -196,6 +197,101 @@ test('killed with SIGKILL mid-delivery and started again over its data, the rela
     assert.equal((await post(`${a.url}/v1/message.send`, m, alice.session)).body.status, 'target_accepted');
     assert.deepEqual(await texts(bob), ['survives kill -9']);
   } finally {
+    await a.kill();
+    await b.kill();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('an object holds at most six outbound connections at once (Workers\' limit); the rest wait their turn and go', async () => {
+  const dir = tmp();
+  const a = await edge(await freePort(), path.join(dir, 'a'));
+  // A peer that holds each request 600 ms, then answers unavailable (the sender retries later).
+  let open = 0;
+  let most = 0;
+  let seen = 0;
+  const slow = http.createServer((req, res) => {
+    req.resume();
+    open += 1;
+    seen += 1;
+    most = Math.max(most, open);
+    setTimeout(() => {
+      open -= 1;
+      res.writeHead(503, { 'content-type': 'application/json' });
+      res.end('{"error":{"code":"unavailable","message":"busy"}}');
+    }, 600);
+  });
+  await new Promise((r) => slow.listen(0, '127.0.0.1', r));
+  try {
+    const alice = await account(a.url);
+    const url = `http://127.0.0.1:${slow.address().port}`;
+    for (let i = 0; i < 10; i += 1) {
+      const ghost = new Identity();
+      const r = await post(`${a.url}/v1/route.publish`, `{"route":${ghost.route(NET, url, 1, Date.now())}}`);
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      const cert = ghost.certificate(NET, 'send,sync,manage', Date.now() - 1000);
+      const s = await post(`${a.url}/v1/message.send`, alice.id.message(NET, ghost.accountId(), `[${cert}]`, `to ${i}`, Date.now(), false), alice.session);
+      assert.equal(s.body.status, 'delivering', JSON.stringify(s.body));
+    }
+    // Ten first attempts at once to one peer (16 may be in flight per destination): six
+    // connections, then the other four as turns come free.
+    await eventually(() => seen >= 10, 15000);
+    assert.ok(most <= 6, `${most} connections at once`);
+    assert.equal(most, 6, 'the six turns were used');
+  } finally {
+    slow.close();
+    await a.kill();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('an object evicted mid-attempt retries the same bytes after it starts again, and the message is delivered once', async () => {
+  const dir = tmp();
+  const [pa, pb, pp] = [await freePort(), await freePort(), await freePort()];
+  // b's relay id is the proxy's URL: the proxy holds b's first delivery unanswered (the
+  // attempt in flight when a is evicted) and passes everything else on to b.
+  const proxyUrl = `http://127.0.0.1:${pp}`;
+  const b = await edge(pb, path.join(dir, 'b'), ['--url', proxyUrl]);
+  let a = await edge(pa, path.join(dir, 'a'));
+  /** @type {Buffer | null} */
+  let held = null;
+  const delivered = [];
+  const proxy = http.createServer(async (req, res) => {
+    const chunks = [];
+    for await (const c of req) chunks.push(c);
+    const body = Buffer.concat(chunks);
+    if (req.url === '/relay/v1/message.deliver') {
+      if (!held) {
+        held = body;
+        return; // never answered
+      }
+      delivered.push(body);
+    }
+    const headers = Object.fromEntries(Object.entries(req.headers).filter(([k]) => !['host', 'connection', 'content-length'].includes(k)));
+    const r = await fetch(`${b.url}${req.url}`, { method: req.method, headers, body: req.method === 'POST' ? body : undefined });
+    res.writeHead(r.status, { 'content-type': r.headers.get('content-type') ?? 'application/json' });
+    res.end(Buffer.from(await r.arrayBuffer()));
+  });
+  await new Promise((r) => proxy.listen(pp, '127.0.0.1', r));
+  try {
+    const alice = await account(a.url);
+    const bob = await account(proxyUrl);
+    await publish(a.url, bob);
+    const m = alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'outlives its object', Date.now(), false);
+    const sent = await post(`${a.url}/v1/message.send`, m, alice.session);
+    assert.equal(sent.body.status, 'delivering', JSON.stringify(sent.body));
+    await eventually(() => held !== null, 10000);
+    // Evicted with the attempt in flight: the object, its waitUntil and its fetch are gone.
+    await a.kill();
+    a = await edge(pa, path.join(dir, 'a'));
+    const id = JSON.parse(m).envelope.message_id;
+    await eventually(async () => (await status(alice, id)).status === 'target_accepted', 20000);
+    assert.ok(delivered.length >= 1);
+    for (const body of delivered) assert.ok(body.equals(held), 'a retry carries the bytes of the attempt in flight');
+    assert.deepEqual(await texts(bob), ['outlives its object']);
+  } finally {
+    proxy.closeAllConnections?.();
+    proxy.close();
     await a.kill();
     await b.kill();
     fs.rmSync(dir, { recursive: true, force: true });
