@@ -3,7 +3,8 @@
 //! In one process tree and one sitting: the native floor, the engine natively
 //! (memory and SQLite), the wasmtime component and the Node build in-process,
 //! the three hosts over loopback HTTP driven by the load generator, and the
-//! sharded hosts at 1, 2 and 4 shards (`shards.rs`). Every
+//! sharded hosts at 1, 2 and 4 shards (`shards.rs`), and each host's memory along
+//! 100,000 sends (RSS at 0, 20,000 and 100,000). Every
 //! figure is also given as a ratio to the native engine measured in the
 //! same run. Results go to `<target>/bench/results.json`.
 
@@ -30,6 +31,8 @@ struct Sizes {
     concurrencies: Vec<usize>,
     /// Sends of each workload at each shard count.
     shard_sends: usize,
+    /// Sends each host takes in the memory part (RSS at 0, a fifth of it, and all of it).
+    memory_sends: usize,
     scale: scale::Scale,
 }
 
@@ -43,6 +46,7 @@ impl Sizes {
                 http_per_level: 400,
                 concurrencies: vec![4, 32],
                 shard_sends: 1000,
+                memory_sends: 10_000,
                 scale: scale::Scale {
                     small: 1_000,
                     large: 5_000,
@@ -57,6 +61,7 @@ impl Sizes {
                 http_per_level: 5000,
                 concurrencies: vec![1, 8, 32, 128],
                 shard_sends: 6000,
+                memory_sends: 100_000,
                 scale: scale::Scale {
                     small: 1_000,
                     large: 100_000,
@@ -265,11 +270,12 @@ async fn versus_http(
     Ok(())
 }
 
-/// Accepted messages per round of the soak: signed while the host waits, then sent at c=32.
+/// Accepted messages per round of the soak (at most): signed while the host waits, then sent at c=32.
 const SOAK_ROUND: usize = 20_000;
 
-/// `--soak N`: each host over HTTP takes N sends at c=32 in rounds of 20,000 on one
-/// database; its anonymous RSS after each round shows whether memory grows with them.
+/// The memory part: each host over HTTP takes `total` sends at c=32 in at least five rounds
+/// (of at most 20,000) on one database; its anonymous RSS after each round shows whether
+/// memory grows with them.
 async fn soak(
     rep: &mut Report,
     scratch: &Path,
@@ -293,6 +299,19 @@ async fn soak(
         let rounds = soak_rounds(&host, name, total).await;
         host.stop();
         let (along, rates) = rounds?;
+        // The memory part's line: RSS at 0, after the first round, and at the end.
+        let mb = |i: usize| along.get(i).and_then(|(_, k)| *k).map(|k| k as f64 / 1024.0);
+        if let (Some(start), Some(first), Some(end)) = (mb(0), mb(1), mb(along.len() - 1)) {
+            let first_n = along[1].0;
+            rep.extra.push((
+                format!("memory: {name} anonymous RSS MB at 0 / {first_n} / {total} sends"),
+                serde_json::json!(format!(
+                    "{start:.0} / {first:.0} / {end:.0} (x{:.2} to {first_n}, x{:.2} from {first_n} to {total})",
+                    first / start,
+                    end / first
+                )),
+            ));
+        }
         rep.extra.push((
             format!("soak: {name} anonymous RSS KiB along {total} sends at c=32, [accepted, KiB]"),
             serde_json::json!(along),
@@ -317,8 +336,10 @@ async fn soak_rounds(
     let mut along = vec![(0, host.rss_kib())];
     let mut rates = Vec::new();
     let mut sent = 0;
+    // Five rounds at least, so the first checkpoint is at a fifth of the total.
+    let round = SOAK_ROUND.min(total.div_ceil(5)).max(1);
     while sent < total {
-        let n = SOAK_ROUND.min(total - sent);
+        let n = round.min(total - sent);
         let msgs = fx.more_sends(n, None);
         let l = loadgen::level(&http, msgs, &tokens, &host.url, 32).await?;
         anyhow::ensure!(
@@ -351,7 +372,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: ./x bench [--quick] [--skip inprocess,http,node,wasmtime,edge,shards,scale] \
+    "usage: ./x bench [--quick] [--skip inprocess,http,node,wasmtime,edge,shards,scale,memory] \
 [--concurrency 8,32,128] [--scale-large N] [--soak N] [--versus OTHER_RELAY,...] [--out DIR]";
 
 /// Parses the flags; anything unknown or malformed is an error, never a silent full run.
@@ -385,6 +406,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                         "edge",
                         "shards",
                         "scale",
+                        "memory",
                     ]
                     .contains(&s.as_str())
                 }) {
@@ -493,9 +515,10 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
     }
-    // `--soak N` (e.g. 1000000): memory of each host across N accepted messages; not in the full run.
-    if let Some(total) = soak_total {
-        soak(&mut rep, &scratch, &skip, total).await?;
+    // Memory: each host's RSS along its sends (100,000 in the full run; `--soak N` for another
+    // count, e.g. 1000000).
+    if !skip.iter().any(|s| s == "memory") {
+        soak(&mut rep, &scratch, &skip, soak_total.unwrap_or(sz.memory_sends)).await?;
     }
     if !skip.iter().any(|s| s == "scale") {
         let mut sc = sz.scale;
