@@ -1,8 +1,15 @@
 // The core's storage over a Durable Object's SQLite (`ctx.storage.sql`): one table of keys
 // and values, compared as bytes (SQLite orders BLOBs with memcmp, as the core needs).
 //
-// The object runs each core call inside one `transactionSync`, so a call's commit and its
-// answer are one transaction: the commit here writes, the transaction makes it durable.
+// The object commits each group of core calls (the calls of one turn, or a lone call) inside
+// one `transactionSync` and answers them only after it: the commit here writes, the
+// transaction makes it durable.
+
+/** Most rows in one write statement (two bound parameters each: SQLite's limit on a Durable Object is 100). */
+const ROWS = 50;
+/** `INSERT OR REPLACE` and `DELETE` statements of 1 to ROWS rows, by row count. */
+const PUTS = Array.from({ length: ROWS + 1 }, (_, n) => `INSERT OR REPLACE INTO kv (k, v) VALUES ${Array(n).fill('(?, ?)').join(', ')}`);
+const DELETES = Array.from({ length: ROWS + 1 }, (_, n) => `DELETE FROM kv WHERE k IN (${Array(n).fill('?').join(', ')})`);
 
 /**
  * The storage object `RelayCore` takes: synchronous `get`, `scan` (start inclusive, end
@@ -32,9 +39,21 @@ export class SqlStore {
   /** @param {Array<[Uint8Array, Uint8Array | null]>} writes */
   commit(writes) {
     try {
-      for (const [k, v] of writes) {
-        if (v === null) this.sql.exec('DELETE FROM kv WHERE k = ?', k);
-        else this.sql.exec('INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)', k, v);
+      // Runs of puts and of deletes, in order, each in statements of up to ROWS rows: one
+      // `exec` per statement rather than per write (each is a call into the runtime).
+      for (let i = 0; i < writes.length; ) {
+        const put = writes[i][1] !== null;
+        let j = i;
+        while (j < writes.length && j - i < ROWS && (writes[j][1] !== null) === put) j += 1;
+        const args = [];
+        if (put) {
+          for (let r = i; r < j; r += 1) args.push(writes[r][0], writes[r][1]);
+          this.sql.exec(PUTS[j - i], ...args);
+        } else {
+          for (let r = i; r < j; r += 1) args.push(writes[r][0]);
+          this.sql.exec(DELETES[j - i], ...args);
+        }
+        i = j;
       }
     } catch (e) {
       // Some of the batch may be written: the object rolls the whole call back.

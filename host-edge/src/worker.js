@@ -240,9 +240,11 @@ export default {
 };
 
 /**
- * One shard of the relay: a relay core over this object's SQLite storage. Each core call runs
- * in one `transactionSync` with its commits, so an answer leaves only after its writes are
- * durable, and a call that throws or traps leaves nothing behind. The alarm carries the core's
+ * One shard of the relay: a relay core over this object's SQLite storage. The requests of one
+ * turn of the event loop form a commit group (the core's `beginGroup`/`flushGroup`, as on the
+ * other hosts) committed in one `transactionSync`; other calls run in one of their own. An
+ * answer leaves only after its writes are durable, and a call or group that throws or traps
+ * leaves nothing behind. The alarm carries the core's
  * next wake-up; WebSockets are hibernatable (`acceptWebSocket`), tagged with their account
  * and device, their session in the attachment.
  */
