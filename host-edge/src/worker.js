@@ -305,7 +305,7 @@ export class RelayShard extends DurableObject {
       ...(s.shards > 1 ? { shard: { index: k, count: s.shards } } : {}),
     };
     try {
-      this.core = this.ctx.storage.transactionSync(() => new RelayCore(JSON.stringify(config), this.store, s.seed, s.token));
+      this.core = this.#transaction(() => new RelayCore(JSON.stringify(config), this.store, s.seed, s.token));
       this.gen = generation;
       this.broken = null;
       this.maxBytes = RelayCore.maxRequestBytes(JSON.stringify(s.policies));
@@ -316,6 +316,22 @@ export class RelayShard extends DurableObject {
       this.core = null;
     }
     return this.core;
+  }
+
+  /**
+   * `f` in one `transactionSync`; the store learns whether it committed (its memory of what
+   * the database holds keeps only committed writes).
+   * @template T @param {() => T} f @returns {T}
+   */
+  #transaction(f) {
+    let committed = false;
+    try {
+      const out = this.ctx.storage.transactionSync(f);
+      committed = true;
+      return out;
+    } finally {
+      this.store.settled(committed);
+    }
   }
 
   /**
@@ -359,7 +375,7 @@ export class RelayShard extends DurableObject {
       // The instance was replaced since the group opened (another object's trap): the
       // group's writes went with it.
       if (!this.core || this.gen !== generation) throw new Error('the core was replaced before its group committed');
-      this.ctx.storage.transactionSync(() => {
+      this.#transaction(() => {
         this.core.flushGroup();
         if (this.store.failed) throw this.store.failed;
       });
@@ -405,7 +421,7 @@ export class RelayShard extends DurableObject {
     if (!core) return fallback;
     this.store.failed = null;
     try {
-      return this.ctx.storage.transactionSync(() => {
+      return this.#transaction(() => {
         const out = f(core);
         // A commit that failed part-way: nothing of the call stays.
         if (this.store.failed) throw this.store.failed;
