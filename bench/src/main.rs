@@ -306,7 +306,7 @@ async fn soak(
             rep.extra.push((
                 format!("memory: {name} anonymous RSS MB at 0 / {first_n} / {total} sends"),
                 serde_json::json!(format!(
-                    "{start:.0} / {first:.0} / {end:.0} (x{:.2} to {first_n}, x{:.2} from {first_n} to {total})",
+                    "{start:.0} / {first:.0} / {end:.0} (x{:.2} to {first_n}, x{:.2} from {first_n} to {total}; target: growth <= 1.3x, flat after)",
                     first / start,
                     end / first
                 )),
@@ -358,6 +358,63 @@ async fn soak_rounds(
         );
     }
     Ok((along, rates))
+}
+
+/// The scale-out targets (issue 34) beside what this run measured, as lines of the table:
+/// the edge host against the wasmtime host, p99 at c=128, shards against one shard.
+fn targets(rep: &mut Report) {
+    let row = |setup: &str, c: usize| {
+        rep.rows
+            .iter()
+            .find(|r| r.setup == setup && r.concurrency == Some(c))
+            .map(|r| (r.sample.per_s, r.sample.p99_ms))
+    };
+    let (wasmtime, node, edge) = (
+        "wasmtime host, HTTP",
+        "node host, HTTP",
+        "edge host (workerd), HTTP",
+    );
+    let mut lines = Vec::new();
+    if let (Some((w, _)), Some((e, _))) = (row(wasmtime, 32), row(edge, 32)) {
+        lines.push((
+            "target: edge / wasmtime host, HTTP c=32 msg/s".to_string(),
+            format!("{:.2}x (target >= 0.5x)", e / w),
+        ));
+    }
+    for (setup, want) in [(wasmtime, 100.0), (node, f64::NAN), (edge, 200.0)] {
+        if let Some((_, p99)) = row(setup, 128) {
+            let target = if want.is_nan() {
+                "no target".to_string()
+            } else {
+                format!("target <= {want:.0} ms")
+            };
+            lines.push((
+                format!("target: {setup} c=128 p99"),
+                format!("{p99:.0} ms ({target})"),
+            ));
+        }
+    }
+    for host in ["wasmtime", "edge"] {
+        for workload in ["self", "mesh"] {
+            let of = |shards: u32| {
+                let s = if shards == 1 { "shard" } else { "shards" };
+                row(&format!("{host} host, HTTP, {shards} {s}, {workload}"), 32).map(|r| r.0)
+            };
+            if let (Some(one), Some(two), Some(four)) = (of(1), of(2), of(4)) {
+                lines.push((
+                    format!("target: {host} shards 1 / 2 / 4, {workload}, msg/s"),
+                    format!(
+                        "{one:.0} / {two:.0} ({:.2}x) / {four:.0} ({:.2}x) (target: each >= 0.9x of 1 shard)",
+                        two / one,
+                        four / one
+                    ),
+                ));
+            }
+        }
+    }
+    for (k, v) in lines {
+        rep.extra.push((k, serde_json::json!(v)));
+    }
 }
 
 /// What a run was asked for on the command line.
@@ -530,6 +587,7 @@ async fn main() -> anyhow::Result<()> {
         scale::run(&mut rep, &sc, &component, &scratch)?;
     }
     rep.link_baselines();
+    targets(&mut rep);
     let mut head = serde_json::Map::new();
     head.insert("mode".into(), (if quick { "quick" } else { "full" }).into());
     head.insert("load_average_before".into(), load_before.clone().into());

@@ -58,6 +58,9 @@ pub struct Row {
     pub sample: Sample,
     /// The native engine's figure this row is compared with (same operation and storage).
     pub baseline: Option<f64>,
+    /// Rows over HTTP (a concurrency): the native floor of the same run (parse, JCS, SHA-256
+    /// and verify of one message), the figure no host can pass.
+    pub floor: Option<f64>,
     pub note: String,
 }
 
@@ -66,7 +69,15 @@ impl Row {
     pub fn ratio(&self) -> Option<f64> {
         self.baseline.map(|b| self.sample.per_s / b)
     }
+
+    /// The ratio to the native floor of the same run (HTTP rows).
+    pub fn floor_ratio(&self) -> Option<f64> {
+        self.floor.map(|f| self.sample.per_s / f)
+    }
 }
+
+/// The setup name of the native floor's row.
+pub const FLOOR: &str = "native floor";
 
 /// Every row of a run.
 #[derive(Default)]
@@ -89,6 +100,7 @@ impl Report {
             concurrency,
             sample: s,
             baseline: None,
+            floor: None,
             note: String::new(),
         });
     }
@@ -106,6 +118,11 @@ impl Report {
                 .collect()
         };
         let (natives, again) = (of("native engine"), of(NATIVE_AGAIN));
+        let floor = self
+            .rows
+            .iter()
+            .find(|r| r.setup == FLOOR)
+            .map(|r| r.sample.per_s);
         let find = |rows: &[(String, String, f64)], op: &str, storage: &str| {
             rows.iter()
                 .find(|(o, s, _)| o == op && s == storage)
@@ -121,6 +138,7 @@ impl Report {
                 (NODE, Some(a), Some(b)) => Some((a + b) / 2.0),
                 _ => first,
             };
+            r.floor = r.concurrency.and(floor);
         }
     }
 
@@ -128,7 +146,7 @@ impl Report {
     pub fn table(&self) -> String {
         let mut out = String::new();
         out.push_str(&format!(
-            "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10} {:>9} {:>9} {:>7} {:>8}\n",
+            "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10} {:>9} {:>9} {:>7} {:>7} {:>8}\n",
             "setup",
             "storage",
             "operation",
@@ -138,11 +156,12 @@ impl Report {
             "p50 ms",
             "p99 ms",
             "x nat",
+            "x floor",
             "fuel/op"
         ));
         for r in &self.rows {
             out.push_str(&format!(
-                "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10.0} {:>9.3} {:>9.3} {:>7} {:>8}\n",
+                "{:<26} {:<7} {:<46} {:>5} {:>8} {:>10.0} {:>9.3} {:>9.3} {:>7} {:>7} {:>8}\n",
                 r.setup,
                 r.storage,
                 r.sample.op,
@@ -152,6 +171,7 @@ impl Report {
                 r.sample.p50_ms,
                 r.sample.p99_ms,
                 r.ratio().map_or("-".to_string(), |x| format!("{x:.2}")),
+                r.floor_ratio().map_or("-".to_string(), |x| format!("{x:.3}")),
                 r.sample
                     .fuel_per_op
                     .map_or("-".to_string(), |f| format!("{:.2}M", f as f64 / 1e6))
@@ -185,6 +205,7 @@ impl Report {
                     "p50_ms": r.sample.p50_ms,
                     "p99_ms": r.sample.p99_ms,
                     "ratio_to_native": r.ratio(),
+                    "ratio_to_floor": r.floor_ratio(),
                     "wasm_fuel_per_op": r.sample.fuel_per_op,
                     "note": r.note,
                 })

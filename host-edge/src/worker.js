@@ -695,7 +695,8 @@ export class RelayShard extends DurableObject {
   /** Carries a `send` event: to a sibling shard's object, or POSTed to its url; reports what became of it. */
   async #attempt(e) {
     const r = e.shard !== undefined && e.shard !== null ? await this.#toSibling(e.shard, e.url, encoder.encode(e.body)) : await this.#exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
-    this.#run(JSON.parse(this.#call((c) => c.fetched(e.task, e.attempt, r.status, r.body, Date.now()), '[]')));
+    // In the commit group of its turn, like a request: its events run after the commit.
+    this.#run(JSON.parse((await this.#grouped((c) => c.fetched(e.task, e.attempt, r.status, r.body, Date.now()))) ?? '[]'));
   }
 
   /**
