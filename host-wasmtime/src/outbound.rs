@@ -413,8 +413,9 @@ impl Default for Peers {
 }
 
 /// Runs `request` on shard `shard`'s core, as a request from the network would run there,
-/// and executes its events for that shard: how a sharded relay reaches its own sibling
-/// shards (a delivery between them, a route one of them holds), with no network between.
+/// and executes its events for that shard: how a sharded relay asks a sibling shard for a
+/// route it holds or shares one with it (a delivery between shards goes by `Core::sibling`
+/// instead, in [`attempt`]), with no network between.
 pub async fn internal(app: &Arc<App>, shard: u32, request: HttpRequest) -> Fetch {
     let request = Arc::new(request);
     let r = request.clone();
@@ -427,7 +428,7 @@ pub async fn internal(app: &Arc<App>, shard: u32, request: HttpRequest) -> Fetch
             app.dispatch(shard, std::mem::take(&mut r.events));
             Fetch::Answered((r.status, r.body))
         }
-        // A sibling authenticates by the relay's own key and asks for nothing else.
+        // A public route.get or route.publish asks for nothing else.
         Some(_) => Fetch::Answered((500, relay_core::transport::Response::uncommitted().body)),
         // Its group commit failed: nothing was accepted there, and nothing is known here.
         None => Fetch::Unknown,
