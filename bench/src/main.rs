@@ -300,7 +300,12 @@ async fn soak(
         host.stop();
         let (along, rates) = rounds?;
         // The memory part's line: RSS at 0, after the first round, and at the end.
-        let mb = |i: usize| along.get(i).and_then(|(_, k)| *k).map(|k| k as f64 / 1024.0);
+        let mb = |i: usize| {
+            along
+                .get(i)
+                .and_then(|(_, k)| *k)
+                .map(|k| k as f64 / 1024.0)
+        };
         if let (Some(start), Some(first), Some(end)) = (mb(0), mb(1), mb(along.len() - 1)) {
             let first_n = along[1].0;
             rep.extra.push((
@@ -575,7 +580,13 @@ async fn main() -> anyhow::Result<()> {
     // Memory: each host's RSS along its sends (100,000 in the full run; `--soak N` for another
     // count, e.g. 1000000).
     if !skip.iter().any(|s| s == "memory") {
-        soak(&mut rep, &scratch, &skip, soak_total.unwrap_or(sz.memory_sends)).await?;
+        soak(
+            &mut rep,
+            &scratch,
+            &skip,
+            soak_total.unwrap_or(sz.memory_sends),
+        )
+        .await?;
     }
     if !skip.iter().any(|s| s == "scale") {
         let mut sc = sz.scale;

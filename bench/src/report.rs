@@ -171,7 +171,8 @@ impl Report {
                 r.sample.p50_ms,
                 r.sample.p99_ms,
                 r.ratio().map_or("-".to_string(), |x| format!("{x:.2}")),
-                r.floor_ratio().map_or("-".to_string(), |x| format!("{x:.3}")),
+                r.floor_ratio()
+                    .map_or("-".to_string(), |x| format!("{x:.3}")),
                 r.sample
                     .fuel_per_op
                     .map_or("-".to_string(), |f| format!("{:.2}M", f as f64 / 1e6))

@@ -76,6 +76,10 @@ fn quick_mode_reports_every_host_against_native_and_the_floor() {
         }
         if setup.ends_with("HTTP") {
             assert!(r["p50_ms"].as_f64().is_some() && r["p99_ms"].as_f64().is_some());
+            assert!(
+                r["ratio_to_floor"].as_f64().is_some_and(|x| x > 0.0),
+                "no ratio to the native floor: {r}"
+            );
         }
     }
     for host in ["wasmtime host, HTTP", "node host, HTTP"] {
@@ -92,5 +96,20 @@ fn quick_mode_reports_every_host_against_native_and_the_floor() {
         .filter(|s| s.starts_with("scale:"))
         .collect();
     assert!(!scale.is_empty(), "no scale rows");
+    // The memory part, a line per host with its target; the scale-out targets beside the run.
+    for host in ["wasmtime host, HTTP", "node host, HTTP", "edge host, HTTP"] {
+        let key = format!("memory: {host} anonymous RSS MB at 0 / 2000 / 10000 sends");
+        assert!(
+            v[&key].as_str().is_some_and(|l| l.contains("target")),
+            "no memory line {key:?}"
+        );
+    }
+    for key in [
+        "target: edge / wasmtime host, HTTP c=32 msg/s",
+        "target: wasmtime shards 1 / 2 / 4, mesh, msg/s",
+        "target: edge shards 1 / 2 / 4, mesh, msg/s",
+    ] {
+        assert!(v[key].as_str().is_some(), "no line {key:?}");
+    }
     let _ = std::fs::remove_dir_all(&out);
 }
