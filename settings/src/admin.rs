@@ -25,10 +25,30 @@ pub(crate) struct AdminArgs {
 /// One operator call.
 #[derive(clap::Subcommand, Debug, Clone, PartialEq, Eq)]
 pub enum AdminCommand {
-    /// List deliveries this relay is responsible for (and quarantined tick entries).
+    /// List deliveries this relay is responsible for (and quarantined tick entries), a
+    /// page at a time: the answer's `next`, passed as --after, gives the following page.
     Deliveries {
         /// Only these (default: pending and failed).
         state: Option<DeliveryState>,
+        /// Start after this cursor (a previous page's `next`).
+        #[arg(long)]
+        after: Option<String>,
+        /// At most this many (1 to 1000; default 1000).
+        #[arg(long)]
+        limit: Option<u64>,
+    },
+    /// List the destinations this relay delivers to, with each one's pending deliveries,
+    /// consecutive failures and since when, last success and last error, a page at a time.
+    Destinations {
+        /// Only destinations whose latest attempt failed.
+        #[arg(long)]
+        failing: bool,
+        /// Start after this destination (a previous page's `next`).
+        #[arg(long)]
+        after: Option<String>,
+        /// At most this many (1 to 1000; default 100).
+        #[arg(long)]
+        limit: Option<u64>,
     },
     /// Copy the running relay's database to FILE, consistently, without stopping it.
     ///
@@ -128,7 +148,12 @@ impl Admin {
                     body: Vec::new(),
                 })
             }
-            AdminCommand::Deliveries { state } => {
+            AdminCommand::Deliveries {
+                state,
+                after,
+                limit,
+            } => {
+                page(&mut params, after, *limit);
                 if let Some(s) = state {
                     params.insert(
                         "state",
@@ -139,6 +164,17 @@ impl Admin {
                     );
                 }
                 "deliveries"
+            }
+            AdminCommand::Destinations {
+                failing,
+                after,
+                limit,
+            } => {
+                page(&mut params, after, *limit);
+                if *failing {
+                    params.insert("failing", true);
+                }
+                "destinations"
             }
             AdminCommand::Backup { file } => {
                 params.insert("path", cwd.join(file).display().to_string());
@@ -154,5 +190,15 @@ impl Admin {
             authorization: Some(format!("Bearer {}", token.trim())),
             body: canonical::object_to_vec(&params),
         })
+    }
+}
+
+/// A listing's page parameters, when given.
+fn page(params: &mut Object, after: &Option<String>, limit: Option<u64>) {
+    if let Some(a) = after {
+        params.insert("after", a.as_str());
+    }
+    if let Some(n) = limit {
+        params.insert("limit", n);
     }
 }

@@ -243,6 +243,37 @@ fn admin_commands_make_the_call_the_relay_expects() {
             &br#"{"state":"failed"}"#[..]
         )
     );
+    let c = admin(&[
+        "admin",
+        "--admin-url",
+        "http://h:1",
+        "destinations",
+        "--failing",
+        "--limit",
+        "5",
+        "--after",
+        "https://b.example",
+    ])
+    .call(files, Path::new("/"))
+    .unwrap();
+    assert_eq!(
+        (c.url.as_str(), c.body.as_slice()),
+        (
+            "http://h:1/admin/v1/destinations?shard=0",
+            &br#"{"after":"https://b.example","failing":true,"limit":5}"#[..]
+        )
+    );
+    let c = admin(&[
+        "admin",
+        "--admin-url",
+        "http://h:1",
+        "deliveries",
+        "--after",
+        "d\nt",
+    ])
+    .call(files, Path::new("/"))
+    .unwrap();
+    assert_eq!(c.body.as_slice(), &br#"{"after":"d\nt"}"#[..]);
     let c = admin(&["admin", "metrics"])
         .call(no_file, Path::new("/"))
         .unwrap_err();

@@ -849,6 +849,75 @@ fn an_answer_over_the_cap_is_an_unknown_outcome(k: Kind) {
 }
 every_host!(an_answer_over_the_cap_is_an_unknown_outcome);
 
+/// The operator's `admin.destinations` on every host (issue 32): a destination that keeps
+/// answering `unavailable` is listed as failing, with its pending delivery, when its failures
+/// began and its last error; once it accepts, its failures end and its last success shows.
+fn operators_see_each_destination_fail_and_recover(k: Kind) {
+    let mut d = duo(k, k, Opts::default(), Opts::default(), 23);
+    let unavailable = Chaos {
+        drop_request: 0,
+        drop_response: 0,
+        delay: 0,
+        delay_ms: 0,
+        rate_limited: 0,
+        retry_after_ms: 0,
+        unavailable: 1000,
+        reset: 0,
+    };
+    d.b.proxy.chaos(unavailable, 23);
+    let p =
+        d.c.message(&d.alice, &d.bob, "through an outage", &Msg::default());
+    let (s, v) = d.c.send(&d.alice, &p);
+    assert_eq!(s, 200, "{v:?}");
+    let dest = d.b.relay.id();
+    let row = |c: &Client, failing: bool| {
+        let mut q = Object::new();
+        q.insert("failing", failing);
+        q.insert("limit", 10u64);
+        let (s, v) = c.admin(&d.a.relay, "destinations", &q);
+        assert_eq!(s, 200, "admin.destinations: {v:?}");
+        field(&v, "destinations")
+            .and_then(relay_tests::array)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|r| field(r, "destination").and_then(Value::as_str) == Some(dest.as_str()))
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    let failing = loop {
+        if let Some(r) = row(&d.c, true) {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never listed as failing"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        u64_of(&failing, "consecutive_failures").is_some_and(|n| n >= 1),
+        "{failing:?}"
+    );
+    assert_eq!(u64_of(&failing, "pending"), Some(1), "{failing:?}");
+    assert!(u64_of(&failing, "failing_since").is_some(), "{failing:?}");
+    assert_eq!(str_of(&failing, "last_error"), "unavailable", "{failing:?}");
+    d.b.proxy.heal();
+    let st = d.c.wait_terminal(&d.alice, &message_id(&p), WAIT);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    let back = row(&d.c, false).expect("the destination is still listed");
+    assert_eq!(u64_of(&back, "consecutive_failures"), Some(0), "{back:?}");
+    assert_eq!(u64_of(&back, "pending"), Some(0), "{back:?}");
+    assert!(u64_of(&back, "failing_since").is_none(), "{back:?}");
+    assert!(u64_of(&back, "last_success_at").is_some(), "{back:?}");
+    assert!(row(&d.c, true).is_none(), "no longer failing");
+    // Not through the client door.
+    let (s, _) = d.c.call_as(&d.alice, "admin.destinations", &Object::new());
+    assert!(
+        s == 403 || s == 404,
+        "a client reached admin.destinations: {s}"
+    );
+}
+every_host!(operators_see_each_destination_fail_and_recover);
+
 /// The host of a third relay C: another host than B's (wasmtime, or Node when B is wasmtime).
 fn third_host(kb: Kind) -> Kind {
     if kb == Kind::Wasmtime {

@@ -1,8 +1,8 @@
 //! What operators of federated relays suffer from, avoided by design: head-of-line blocking,
 //! slow recovery after an outage, backoff cliffs, and deliveries nobody can see.
 
-use relay_core::engine::Outcome;
-use relay_core::wire::json::Value;
+use relay_core::engine::{Caller, Outcome};
+use relay_core::wire::json::{Object, Value};
 use relay_tests::*;
 
 fn setup(cap: u32) -> (World, usize, usize, usize, Account, Account, Account) {
@@ -229,4 +229,222 @@ fn a_store_records_its_schema_version_and_one_written_by_a_newer_relay_is_refuse
     let err = Engine::new(cfg, newer, entropy()).open_store().unwrap_err();
     assert_eq!(err, relay_core::engine::OpenError::Newer(2));
     assert!(err.to_string().contains("newer relay"), "{err}");
+}
+
+/// One page of an operator listing: its rows and its `next`.
+fn page(
+    w: &mut World,
+    n: usize,
+    method: &str,
+    p: &Object,
+    rows: &str,
+) -> (Vec<Value>, Option<String>) {
+    let r = w
+        .call(n, &Caller::Operator, method, p)
+        .result
+        .expect(method);
+    let next = field(&r, "next")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    (field(&r, rows).and_then(array).unwrap_or_default(), next)
+}
+
+/// Every row of a listing, following `next` with pages of `limit`.
+fn every(
+    w: &mut World,
+    n: usize,
+    method: &str,
+    mut p: Object,
+    rows: &str,
+    limit: u64,
+) -> Vec<Value> {
+    p.insert("limit", limit);
+    let mut all = Vec::new();
+    for _ in 0..1000 {
+        let (got, next) = page(w, n, method, &p, rows);
+        assert!(got.len() as u64 <= limit, "a page over its limit");
+        all.extend(got);
+        match next {
+            Some(c) => p.insert("after", c.as_str()),
+            None => return all,
+        }
+    }
+    panic!("{method}: `next` never ended");
+}
+
+fn text_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    field(v, key).and_then(Value::as_str)
+}
+
+#[test]
+fn the_operator_pages_through_every_destination_with_its_failures_counts_and_last_success() {
+    let mut w = World::new(62);
+    let tune = |c: &mut relay_core::engine::Config| {
+        c.policies.retry_initial = 1_000;
+        c.policies.send_rate = 0;
+    };
+    let a = w.relay_with("a", tune);
+    let alice = w.account(a, 1, true);
+    // Seven destinations: the first three never answer, the other four accept.
+    let mut peers = Vec::new();
+    for i in 0..7 {
+        let r = w.relay_with(&format!("p{i}"), tune);
+        let acct = w.account(r, 1, true);
+        w.publish_route(a, &acct);
+        let m = w.message(&alice, 0, &acct, "hello", &Msg::default());
+        w.send(&alice, 0, &m).result.unwrap();
+        peers.push((r, acct));
+    }
+    let down: Vec<String> = peers[..3]
+        .iter()
+        .map(|(r, _)| w.nodes[*r].id.as_str().to_string())
+        .collect();
+    for req in w.take_outbox() {
+        if down.contains(&req.target.as_str().to_string()) {
+            w.outcome(a, &req.task, req.attempt, Outcome::Unknown);
+        } else {
+            w.carry(req);
+        }
+    }
+    w.pump();
+    // Every destination once, in pages of two, in order.
+    let all = every(
+        &mut w,
+        a,
+        "admin.destinations",
+        Object::new(),
+        "destinations",
+        2,
+    );
+    let names: Vec<&str> = all
+        .iter()
+        .filter_map(|d| text_of(d, "destination"))
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(names, sorted, "each destination once, in order");
+    assert_eq!(names.len(), 7);
+    for d in &all {
+        let failing = down
+            .iter()
+            .any(|x| Some(x.as_str()) == text_of(d, "destination"));
+        let failures = field(d, "consecutive_failures").and_then(Value::as_protocol_int);
+        if failing {
+            assert_eq!(failures, Some(1), "{d:?}");
+            assert_eq!(
+                field(d, "pending").and_then(Value::as_protocol_int),
+                Some(1)
+            );
+            assert!(field(d, "failing_since").is_some());
+            assert_eq!(text_of(d, "last_error"), Some("result_unknown"));
+            assert!(field(d, "last_success_at").is_none());
+        } else {
+            assert_eq!(failures, Some(0), "{d:?}");
+            assert_eq!(
+                field(d, "pending").and_then(Value::as_protocol_int),
+                Some(0)
+            );
+            assert!(field(d, "failing_since").is_none());
+            assert!(field(d, "last_success_at").is_some());
+        }
+    }
+    // Only the failing ones, through pages of one.
+    let mut p = Object::new();
+    p.insert("failing", true);
+    let failing = every(&mut w, a, "admin.destinations", p, "destinations", 1);
+    let mut names: Vec<String> = failing
+        .iter()
+        .filter_map(|d| text_of(d, "destination"))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    let mut want = down.clone();
+    want.sort();
+    assert_eq!(names, want);
+    // One comes back: its run of failures ends.
+    w.advance_without_network(5_000);
+    w.tick(a);
+    let back = down[0].clone();
+    let mut carried = 0;
+    for req in w.take_outbox() {
+        if req.target.as_str() == back {
+            w.carry(req);
+            carried += 1;
+        }
+    }
+    assert_eq!(carried, 1, "the retry to the destination that came back");
+    let all = every(
+        &mut w,
+        a,
+        "admin.destinations",
+        Object::new(),
+        "destinations",
+        100,
+    );
+    let row = all
+        .iter()
+        .find(|d| text_of(d, "destination") == Some(back.as_str()))
+        .unwrap();
+    assert_eq!(
+        field(row, "consecutive_failures").and_then(Value::as_protocol_int),
+        Some(0)
+    );
+    assert!(field(row, "failing_since").is_none());
+    assert!(field(row, "last_success_at").is_some());
+}
+
+#[test]
+fn admin_deliveries_pages_through_every_delivery_once() {
+    let (mut w, a, dead, _, alice, bob, _) = setup(8);
+    for i in 0..5 {
+        let m = w.message(&alice, 0, &bob, &format!("to dead {i}"), &Msg::default());
+        w.send(&alice, 0, &m).result.unwrap();
+    }
+    pump_except(&mut w, dead);
+    let one_page = every(
+        &mut w,
+        a,
+        "admin.deliveries",
+        Object::new(),
+        "deliveries",
+        1000,
+    );
+    assert_eq!(one_page.len(), 5);
+    let paged = every(
+        &mut w,
+        a,
+        "admin.deliveries",
+        Object::new(),
+        "deliveries",
+        2,
+    );
+    assert_eq!(
+        paged, one_page,
+        "pages of two list the same deliveries, each once"
+    );
+}
+
+#[test]
+fn operator_listings_refuse_bad_cursors_and_limits_and_are_not_for_clients() {
+    let (mut w, a, _, _, alice, _, _) = setup(8);
+    for method in ["admin.deliveries", "admin.destinations"] {
+        for (k, v) in [
+            ("limit", Value::from(0u64)),
+            ("limit", Value::from(1001u64)),
+            ("limit", Value::from("ten")),
+            ("after", Value::from("")),
+        ] {
+            let mut p = Object::new();
+            p.insert(k, v.clone());
+            let r = w.call(a, &Caller::Operator, method, &p);
+            assert_eq!(code_of(&r), "invalid_params", "{method} {k}={v:?}");
+        }
+        let r = w.call(a, &World::session(&alice, 0), method, &Object::new());
+        assert_eq!(code_of(&r), "permission_denied", "{method}");
+    }
+    let mut p = Object::new();
+    p.insert("failing", "yes");
+    let r = w.call(a, &Caller::Operator, "admin.destinations", &p);
+    assert_eq!(code_of(&r), "invalid_params");
 }

@@ -1,5 +1,7 @@
-//! The operator's view: deliveries pending or failed, per destination, with last error and next attempt;
-//! and the index entries ticks set aside.
+//! The operator's view: deliveries pending or failed, per destination, with last error and
+//! next attempt; each destination's health and queue; and the index entries ticks set aside.
+//! Every listing is a page with a cursor (`after`, answered `next`), so each row of a relay
+//! with any number of destinations or deliveries is reachable, at a bounded cost per call.
 
 use super::context::Ctx;
 use super::keyspace as k;
@@ -12,6 +14,31 @@ use crate::{Error, ErrorCode};
 
 /// Most tasks listed by one call.
 pub const MAX_LISTED: usize = 1000;
+
+/// Destinations listed by one `admin.destinations` call unless `limit` says otherwise.
+pub const DESTINATIONS_PAGE: usize = 100;
+
+/// Most destination records one `admin.destinations` call reads, per row it may answer: a
+/// filter that matches few rows answers a short page with `next` rather than read them all.
+const READ_PER_ROW: usize = 4;
+
+/// `limit` of a listing: 1 to [`MAX_LISTED`], `default` when absent.
+fn page_limit(f: &Fields<'_>, default: usize) -> Result<usize, Error> {
+    match f.opt_int("limit")? {
+        None => Ok(default),
+        Some(n) if (1..=MAX_LISTED as u64).contains(&n) => Ok(n as usize),
+        Some(_) => Err(Error::new(
+            ErrorCode::InvalidParams,
+            format!("`limit` must be 1 to {MAX_LISTED}"),
+        )),
+    }
+}
+
+/// The first key after `key` (a page's scan starts there, past the cursor's own row).
+fn just_after(mut key: Vec<u8>) -> Vec<u8> {
+    key.push(0);
+    key
+}
 
 impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// `admin.deliveries` (operator): `{destination?, state?: "pending" | "failed"}`.
@@ -27,15 +54,36 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 "`state` must be \"pending\" or \"failed\"",
             ));
         }
+        let limit = page_limit(&f, MAX_LISTED)?;
         let prefix = match f.opt_str("destination")? {
             Some(d) => k::destination_tasks(d),
             None => k::all_destinations(),
         };
+        // `after`: the `next` of the previous page, "{destination}\n{task}".
+        let start = match f.opt_str("after")? {
+            None => prefix.clone(),
+            Some(c) => match c.split_once('\n') {
+                Some((dest, task)) if !dest.is_empty() && !task.is_empty() => {
+                    just_after(k::by_destination(dest, task)).max(prefix.clone())
+                }
+                _ => {
+                    return Err(Error::new(
+                        ErrorCode::InvalidParams,
+                        "`after` must be the `next` of a previous page",
+                    ))
+                }
+            },
+        };
+        let rows = self.txn.scan(&start, &k::prefix_end(&prefix), limit)?;
+        let next = (rows.len() == limit)
+            .then(|| {
+                rows.last()
+                    .and_then(|(key, _)| k::by_destination_parts(key))
+            })
+            .flatten()
+            .map(|(dest, id)| format!("{dest}\n{id}"));
         let mut list = Vec::new();
-        for (key, _) in self
-            .txn
-            .scan(&prefix, &k::prefix_end(&prefix), MAX_LISTED)?
-        {
+        for (key, _) in rows {
             let Some((dest, id)) = k::by_destination_parts(&key) else {
                 continue;
             };
@@ -91,7 +139,94 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         let mut out = Object::new();
         out.insert("deliveries", Value::Array(list));
+        // A full page may have more after it: the scan's last row, whatever the filter kept.
+        if let Some(n) = next {
+            out.insert("next", n);
+        }
         out.insert("quarantined", Value::Array(quarantined));
+        Ok(Value::Object(out))
+    }
+
+    /// `admin.destinations` (operator): `{after?, limit?, failing?}`, one row per destination
+    /// this relay has delivered to, in the order of their ids: deliveries pending and in
+    /// flight, consecutive failures and since when, the last success and the last error.
+    /// `failing: true` keeps those whose latest attempt failed. Read from each destination's
+    /// own record (its counters are kept as deliveries start and end), never from its
+    /// deliveries.
+    pub(crate) fn admin_destinations(
+        &mut self,
+        caller: &Caller,
+        p: Object,
+    ) -> Result<Value, Error> {
+        if *caller != Caller::Operator {
+            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
+        }
+        let f = Fields::new(&p);
+        let limit = page_limit(&f, DESTINATIONS_PAGE)?;
+        let failing = f.opt_bool("failing")?.unwrap_or(false);
+        let prefix = k::all_peers();
+        let start = match f.opt_str("after")? {
+            Some(d) if !d.is_empty() => just_after(k::destination(d)),
+            Some(_) => {
+                return Err(Error::new(
+                    ErrorCode::InvalidParams,
+                    "`after` must be a destination of a previous page",
+                ))
+            }
+            None => prefix.clone(),
+        };
+        let budget = limit.saturating_mul(READ_PER_ROW);
+        let rows = self.txn.scan(&start, &k::prefix_end(&prefix), budget)?;
+        let exhausted = rows.len() < budget;
+        let mut list = Vec::new();
+        // The last destination read, and whether the page filled before the rows read ended.
+        let mut last = None;
+        let mut full = false;
+        for (key, bytes) in &rows {
+            if list.len() == limit {
+                full = true;
+                break;
+            }
+            let Some(dest) = k::destination_relay(key) else {
+                continue;
+            };
+            last = Some(dest);
+            let Ok(peer) = serde_json::from_slice::<PeerRec>(bytes) else {
+                // A record that cannot be decoded is shown, not allowed to hide the rest.
+                let mut o = Object::new();
+                o.insert("destination", dest);
+                o.insert("state", "unreadable");
+                list.push(Value::Object(o));
+                continue;
+            };
+            if failing && peer.consecutive_failures == 0 {
+                continue;
+            }
+            let mut o = Object::new();
+            o.insert("destination", dest);
+            o.insert("pending", peer.pending);
+            o.insert("in_flight", peer.in_flight as u64);
+            o.insert("consecutive_failures", peer.consecutive_failures as u64);
+            if let Some(at) = peer.failing_since {
+                o.insert("failing_since", at);
+            }
+            if let Some(at) = peer.last_success_at {
+                o.insert("last_success_at", at);
+            }
+            if let Some(code) = &peer.last_error {
+                o.insert("last_error", code.as_str());
+            }
+            list.push(Value::Object(o));
+        }
+        let mut out = Object::new();
+        out.insert("destinations", Value::Array(list));
+        // More may follow when the page filled first, or the read budget ended before the
+        // destinations did (a short page under a filter): continue after the last one read.
+        if full || !exhausted {
+            if let Some(d) = last {
+                out.insert("next", d);
+            }
+        }
         Ok(Value::Object(out))
     }
 }

@@ -138,6 +138,7 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             "message.delivery.status" => self.delivery_status(caller, p),
             "message.timeline.sync" => self.timeline_sync(caller, p),
             "admin.deliveries" => self.admin_deliveries(caller, p),
+            "admin.destinations" => self.admin_destinations(caller, p),
             _ => Err(Error::new(
                 ErrorCode::NotFound,
                 format!("unknown method {method:?}"),

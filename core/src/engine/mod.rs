@@ -151,7 +151,7 @@ pub fn error_body(e: &Error) -> Value {
 }
 
 /// Every method the engine dispatches (protocol.md §4 and `admin.*`), in dispatch order.
-pub const METHODS: [&str; 14] = [
+pub const METHODS: [&str; 15] = [
     "session.open",
     "account.register",
     "account.update",
@@ -166,6 +166,7 @@ pub const METHODS: [&str; 14] = [
     "message.delivery.status",
     "message.timeline.sync",
     "admin.deliveries",
+    "admin.destinations",
 ];
 
 /// A method name as a metrics label: a method of [`METHODS`], or `other` (names come from callers).

@@ -57,6 +57,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// Counts a failure at a destination (for the operator, and to know when it is back).
     pub(crate) fn note_peer_failure(&mut self, relay: &str, code: &str) -> Result<(), Error> {
         let mut p = self.peer(relay)?;
+        if p.consecutive_failures == 0 {
+            p.failing_since = Some(self.now);
+        }
         p.consecutive_failures = p.consecutive_failures.saturating_add(1);
         p.last_error = Some(code.to_string());
         self.save_peer(relay, &p);
@@ -68,6 +71,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let mut p = self.peer(relay)?;
         let was_down = p.consecutive_failures > 0;
         p.consecutive_failures = 0;
+        p.failing_since = None;
         p.last_success_at = Some(self.now);
         if was_down {
             p.back_at = Some(self.now);

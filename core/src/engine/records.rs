@@ -302,6 +302,9 @@ pub(crate) struct PeerRec {
     /// Deliveries to it not yet ended (for the operator's metrics).
     #[serde(default)]
     pub pending: u64,
+    /// When its current run of failures began (the first failure since its last success).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<u64>,
 }
 
 /// A token bucket, in thousandths of a token.

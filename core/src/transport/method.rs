@@ -34,6 +34,8 @@ pub enum Method {
     TimelineSync,
     /// `admin.deliveries`: the operator's view of deliveries in flight.
     AdminDeliveries,
+    /// `admin.destinations`: the operator's view of each destination's health and queue.
+    AdminDestinations,
 }
 
 /// The door a call came through; each door reaches its own set of methods.
@@ -49,7 +51,7 @@ pub enum Door {
 
 impl Method {
     /// Every method, in the engine's dispatch order.
-    pub const ALL: [Method; 14] = [
+    pub const ALL: [Method; 15] = [
         Method::SessionOpen,
         Method::AccountRegister,
         Method::AccountUpdate,
@@ -64,6 +66,7 @@ impl Method {
         Method::DeliveryStatus,
         Method::TimelineSync,
         Method::AdminDeliveries,
+        Method::AdminDestinations,
     ];
 
     /// The method's name on the wire.
@@ -83,6 +86,7 @@ impl Method {
             Method::DeliveryStatus => "message.delivery.status",
             Method::TimelineSync => "message.timeline.sync",
             Method::AdminDeliveries => "admin.deliveries",
+            Method::AdminDestinations => "admin.destinations",
         }
     }
 
@@ -97,7 +101,7 @@ impl Method {
     /// `admin.*`, and nothing else reaches `admin.*`.
     pub const fn reachable_from(self, door: Door) -> bool {
         match door {
-            Door::Client => !matches!(self, Method::AdminDeliveries),
+            Door::Client => !self.is_admin(),
             Door::Relay => matches!(
                 self,
                 Method::MessageDeliver
@@ -105,8 +109,13 @@ impl Method {
                     | Method::RoutePublish
                     | Method::DeviceList
             ),
-            Door::Operator => matches!(self, Method::AdminDeliveries),
+            Door::Operator => self.is_admin(),
         }
+    }
+
+    /// Whether this is an operator method (`admin.*`).
+    pub const fn is_admin(self) -> bool {
+        matches!(self, Method::AdminDeliveries | Method::AdminDestinations)
     }
 
     /// The method a name reaches through `door`, or the `not_found` error that door gives.
@@ -151,6 +160,12 @@ mod tests {
             ]
         );
         assert!(Method::through("admin.deliveries", Door::Client).is_err());
+        assert!(Method::through("admin.destinations", Door::Client).is_err());
+        assert!(Method::through("admin.destinations", Door::Relay).is_err());
+        assert_eq!(
+            Method::through("admin.destinations", Door::Operator).ok(),
+            Some(Method::AdminDestinations)
+        );
         assert!(Method::through("message.send", Door::Operator).is_err());
         assert!(Method::through("message.send", Door::Relay).is_err());
         assert_eq!(
