@@ -50,6 +50,23 @@ pub enum AdminCommand {
         #[arg(long)]
         limit: Option<u64>,
     },
+    /// Make every delivery to DESTINATION that waits for its next attempt due now (no
+    /// earlier than a retry_after it asked for, never after a deadline); up to 1000 a call,
+    /// and the answer's `next`, passed as --after, goes on.
+    Retry {
+        /// The destination relay's id (as `admin destinations` lists it).
+        destination: String,
+        /// Continue after this delivery (a previous call's `next`).
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Make one waiting delivery due now: the message MESSAGE_ID sent by account FROM.
+    RetryDelivery {
+        /// The sender's account id.
+        from: String,
+        /// The message's id.
+        message_id: String,
+    },
     /// Copy the running relay's database to FILE, consistently, without stopping it.
     ///
     /// The relay writes the copy itself (SQLite's online backup over its own connection,
@@ -175,6 +192,16 @@ impl Admin {
                     params.insert("failing", true);
                 }
                 "destinations"
+            }
+            AdminCommand::Retry { destination, after } => {
+                params.insert("destination", destination.as_str());
+                page(&mut params, after, None);
+                "destination.retry"
+            }
+            AdminCommand::RetryDelivery { from, message_id } => {
+                params.insert("from", from.as_str());
+                params.insert("message_id", message_id.as_str());
+                "delivery.retry"
             }
             AdminCommand::Backup { file } => {
                 params.insert("path", cwd.join(file).display().to_string());

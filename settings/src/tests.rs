@@ -274,6 +274,39 @@ fn admin_commands_make_the_call_the_relay_expects() {
     .call(files, Path::new("/"))
     .unwrap();
     assert_eq!(c.body.as_slice(), &br#"{"after":"d\nt"}"#[..]);
+    let c = admin(&[
+        "admin",
+        "--admin-url",
+        "http://h:1",
+        "retry",
+        "https://b.example",
+    ])
+    .call(files, Path::new("/"))
+    .unwrap();
+    assert_eq!(
+        (c.url.as_str(), c.body.as_slice()),
+        (
+            "http://h:1/admin/v1/destination.retry?shard=0",
+            &br#"{"destination":"https://b.example"}"#[..]
+        )
+    );
+    let c = admin(&[
+        "admin",
+        "--admin-url",
+        "http://h:1",
+        "retry-delivery",
+        "ACC",
+        "MID",
+    ])
+    .call(files, Path::new("/"))
+    .unwrap();
+    assert_eq!(
+        (c.url.as_str(), c.body.as_slice()),
+        (
+            "http://h:1/admin/v1/delivery.retry?shard=0",
+            &br#"{"from":"ACC","message_id":"MID"}"#[..]
+        )
+    );
     let c = admin(&["admin", "metrics"])
         .call(no_file, Path::new("/"))
         .unwrap_err();

@@ -849,9 +849,10 @@ fn an_answer_over_the_cap_is_an_unknown_outcome(k: Kind) {
 }
 every_host!(an_answer_over_the_cap_is_an_unknown_outcome);
 
-/// The operator's `admin.destinations` on every host (issue 32): a destination that keeps
-/// answering `unavailable` is listed as failing, with its pending delivery, when its failures
-/// began and its last error; once it accepts, its failures end and its last success shows.
+/// The operator's `admin.destinations` and retries on every host (issue 32): a destination
+/// that keeps answering `unavailable` is listed as failing, with its pending delivery, when
+/// its failures began and its last error; retry now reaches it once it is back, its failures
+/// end and its last success shows, and retrying the ended delivery is `state_conflict`.
 fn operators_see_each_destination_fail_and_recover(k: Kind) {
     let mut d = duo(k, k, Opts::default(), Opts::default(), 23);
     let unavailable = Chaos {
@@ -901,8 +902,23 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
     assert!(u64_of(&failing, "failing_since").is_some(), "{failing:?}");
     assert_eq!(str_of(&failing, "last_error"), "unavailable", "{failing:?}");
     d.b.proxy.heal();
+    // Retry now, through the admin listener of each host (a dotted operator method).
+    let mut q = Object::new();
+    q.insert("destination", dest.as_str());
+    let (s, v) = d.c.admin(&d.a.relay, "destination.retry", &q);
+    assert_eq!(s, 200, "admin.destination.retry: {v:?}");
+    assert!(
+        u64_of(&v, "brought_forward").is_some_and(|n| n <= 1),
+        "{v:?}"
+    );
     let st = d.c.wait_terminal(&d.alice, &message_id(&p), WAIT);
     assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    // Ended: retrying it is a conflict, on every host.
+    let mut q = Object::new();
+    q.insert("from", d.alice.id().as_str());
+    q.insert("message_id", message_id(&p).as_str());
+    let (s, v) = d.c.admin(&d.a.relay, "delivery.retry", &q);
+    assert_eq!((s, code_of(&v).as_str()), (409, "state_conflict"), "{v:?}");
     let back = row(&d.c, false).expect("the destination is still listed");
     assert_eq!(u64_of(&back, "consecutive_failures"), Some(0), "{back:?}");
     assert_eq!(u64_of(&back, "pending"), Some(0), "{back:?}");

@@ -448,3 +448,139 @@ fn operator_listings_refuse_bad_cursors_and_limits_and_are_not_for_clients() {
     let r = w.call(a, &Caller::Operator, "admin.destinations", &p);
     assert_eq!(code_of(&r), "invalid_params");
 }
+
+/// A relay `a` whose retries wait a minute at least, with accounts at a dead and a live peer.
+fn slow_retries() -> (World, usize, usize, usize, Account, Account, Account) {
+    let mut w = World::new(63);
+    let tune = |c: &mut relay_core::engine::Config| {
+        c.policies.retry_initial = 60_000;
+        c.policies.retry_max = 600_000;
+        c.policies.send_rate = 0;
+    };
+    let a = w.relay_with("a", tune);
+    let dead = w.relay_with("dead", tune);
+    let live = w.relay_with("live", tune);
+    let alice = w.account(a, 1, true);
+    let bob = w.account(dead, 1, true);
+    let carol = w.account(live, 1, true);
+    w.publish_route(a, &bob);
+    w.publish_route(a, &carol);
+    (w, a, dead, live, alice, bob, carol)
+}
+
+fn retry(w: &mut World, a: usize, method: &str, p: &Object) -> relay_core::engine::Response {
+    w.call(a, &Caller::Operator, method, p)
+}
+
+#[test]
+fn retry_now_makes_a_destinations_waiting_deliveries_due_at_once_but_never_before_retry_after() {
+    let (mut w, a, dead, live, alice, bob, carol) = slow_retries();
+    for i in 0..3 {
+        let m = w.message(&alice, 0, &bob, &format!("to dead {i}"), &Msg::default());
+        w.send(&alice, 0, &m).result.unwrap();
+    }
+    let m = w.message(&alice, 0, &carol, "to live", &Msg::default());
+    w.send(&alice, 0, &m).result.unwrap();
+    // The dead peer's attempts are lost; the live one asks for two minutes.
+    for req in w.take_outbox() {
+        let outcome = if req.target == w.nodes[dead].id {
+            Outcome::Unknown
+        } else {
+            Outcome::Error(error_body("rate_limited", Some("{\"retry_after\":120000}")))
+        };
+        w.outcome(a, &req.task, req.attempt, outcome);
+    }
+    w.advance_without_network(1_000);
+    assert!(w.outbox.is_empty(), "nothing is due within a second");
+    // Retry now: the dead peer's three deliveries go at once.
+    let mut p = Object::new();
+    p.insert("destination", w.nodes[dead].id.as_str());
+    let r = retry(&mut w, a, "admin.destination.retry", &p)
+        .result
+        .unwrap();
+    assert_eq!(
+        field(&r, "brought_forward").and_then(Value::as_protocol_int),
+        Some(3)
+    );
+    w.tick(a);
+    let out = w.take_outbox();
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert!(out
+        .iter()
+        .all(|r| r.target == w.nodes[dead].id && r.attempt == 2));
+    // The live peer's retry_after holds: retry now moves nothing before it.
+    let mut p = Object::new();
+    p.insert("destination", w.nodes[live].id.as_str());
+    let r = retry(&mut w, a, "admin.destination.retry", &p)
+        .result
+        .unwrap();
+    assert_eq!(
+        field(&r, "brought_forward").and_then(Value::as_protocol_int),
+        Some(0)
+    );
+    w.tick(a);
+    assert!(w.take_outbox().is_empty(), "retry_after was shortened");
+    // An unknown destination.
+    let mut p = Object::new();
+    p.insert("destination", "https://nobody.example");
+    assert_eq!(
+        code_of(&retry(&mut w, a, "admin.destination.retry", &p)),
+        "not_found"
+    );
+}
+
+#[test]
+fn retrying_one_delivery_brings_it_forward_and_an_ended_one_is_a_state_conflict() {
+    let (mut w, a, dead, _, alice, bob, carol) = slow_retries();
+    let to_dead = w.message(&alice, 0, &bob, "waits", &Msg::default());
+    w.send(&alice, 0, &to_dead).result.unwrap();
+    let to_live = w.message(&alice, 0, &carol, "arrives", &Msg::default());
+    w.send(&alice, 0, &to_live).result.unwrap();
+    for req in w.take_outbox() {
+        if req.target == w.nodes[dead].id {
+            w.outcome(a, &req.task, req.attempt, Outcome::Unknown);
+        } else {
+            w.carry(req);
+        }
+    }
+    let key = |m: &Object| {
+        let mut p = Object::new();
+        p.insert("from", alice.id().as_str());
+        p.insert("message_id", message_id(m).as_str());
+        p
+    };
+    let r = retry(&mut w, a, "admin.delivery.retry", &key(&to_dead))
+        .result
+        .unwrap();
+    assert_eq!(field(&r, "brought_forward"), Some(&Value::Bool(true)));
+    w.tick(a);
+    let out = w.take_outbox();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].attempt, 2);
+    // In flight now: nothing to bring forward, and no second attempt.
+    let r = retry(&mut w, a, "admin.delivery.retry", &key(&to_dead))
+        .result
+        .unwrap();
+    assert_eq!(field(&r, "brought_forward"), Some(&Value::Bool(false)));
+    assert_eq!(
+        field(&r, "phase").and_then(Value::as_str),
+        Some("in_flight")
+    );
+    w.tick(a);
+    assert!(w.take_outbox().is_empty());
+    // Ended: its result never changes.
+    let r = retry(&mut w, a, "admin.delivery.retry", &key(&to_live));
+    assert_eq!(code_of(&r), "state_conflict");
+    // Never accepted here.
+    let never = w.message(&alice, 0, &carol, "never sent", &Msg::default());
+    let r = retry(&mut w, a, "admin.delivery.retry", &key(&never));
+    assert_eq!(code_of(&r), "not_found");
+    // Not for clients.
+    let r = w.call(
+        a,
+        &World::session(&alice, 0),
+        "admin.delivery.retry",
+        &key(&to_dead),
+    );
+    assert_eq!(code_of(&r), "permission_denied");
+}

@@ -5,7 +5,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
-use super::records::{PeerRec, TaskRec, TaskState};
+use super::records::{PeerRec, SendRec, TaskRec, TaskState};
 use super::storage::Storage;
 use super::{Caller, Entropy};
 use crate::wire::field::Fields;
@@ -14,6 +14,9 @@ use crate::{Error, ErrorCode};
 
 /// Most tasks listed by one call.
 pub const MAX_LISTED: usize = 1000;
+
+/// Deliveries one `admin.destination.retry` call brings forward at most (its `next` goes on).
+pub const RETRY_BATCH: usize = 1000;
 
 /// Destinations listed by one `admin.destinations` call unless `limit` says otherwise.
 pub const DESTINATIONS_PAGE: usize = 100;
@@ -228,5 +231,129 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
         }
         Ok(Value::Object(out))
+    }
+
+    /// `admin.destination.retry` (operator): `{destination, after?}`. Every delivery to the
+    /// destination that waits for its next attempt becomes due now, as when a destination
+    /// comes back: no earlier than a `retry_after` it asked for, never after the deadline. A
+    /// delivery in flight or waiting for a slot is left as it is. At most [`RETRY_BATCH`] per
+    /// call; `next` (as `after`) continues.
+    pub(crate) fn admin_destination_retry(
+        &mut self,
+        caller: &Caller,
+        p: Object,
+    ) -> Result<Value, Error> {
+        if *caller != Caller::Operator {
+            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
+        }
+        let f = Fields::new(&p);
+        let dest = f.str("destination")?;
+        if self.txn.get_raw(&k::destination(dest))?.is_none() {
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                "this relay has never delivered to that destination",
+            ));
+        }
+        let prefix = k::destination_tasks(dest);
+        let start = match f.opt_str("after")? {
+            Some(task) if !task.is_empty() => just_after(k::by_destination(dest, task)),
+            Some(_) => {
+                return Err(Error::new(
+                    ErrorCode::InvalidParams,
+                    "`after` must be the `next` of a previous call",
+                ))
+            }
+            None => prefix.clone(),
+        };
+        let rows = self
+            .txn
+            .scan(&start, &k::prefix_end(&prefix), RETRY_BATCH)?;
+        let next = (rows.len() == RETRY_BATCH)
+            .then(|| {
+                rows.last()
+                    .and_then(|(key, _)| k::by_destination_parts(key))
+            })
+            .flatten()
+            .map(|(_, id)| id.to_string());
+        let mut moved = 0u64;
+        for (key, _) in &rows {
+            let Some((_, id)) = k::by_destination_parts(key) else {
+                continue;
+            };
+            let id = id.to_string();
+            if let Some(t) = self.task_or_skip(&id)? {
+                if self.due_now(&id, t) {
+                    moved += 1;
+                }
+            }
+        }
+        let mut out = Object::new();
+        out.insert("destination", dest);
+        out.insert("brought_forward", moved);
+        if let Some(n) = next {
+            out.insert("next", n);
+        }
+        Ok(Value::Object(out))
+    }
+
+    /// `admin.delivery.retry` (operator): `{from, message_id}`. The delivery becomes due now
+    /// if it waits for its next attempt (no earlier than a `retry_after`, never after the
+    /// deadline); in flight or waiting for a slot it stays. A delivery that ended is
+    /// `state_conflict` (its result never changes), one this relay never accepted `not_found`.
+    pub(crate) fn admin_delivery_retry(
+        &mut self,
+        caller: &Caller,
+        p: Object,
+    ) -> Result<Value, Error> {
+        if *caller != Caller::Operator {
+            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
+        }
+        let f = Fields::new(&p);
+        let (from, id) = (f.str("from")?, f.random_id("message_id")?);
+        let task = super::send::task_id(from, &id);
+        let live = self
+            .task_or_skip(&task)?
+            .filter(|t| t.state != TaskState::Done);
+        let Some(t) = live else {
+            return match self.txn.get::<SendRec>(&k::sent(from, &id))? {
+                Some(r) if r.status.is_terminal() => Err(Error::new(
+                    ErrorCode::StateConflict,
+                    format!("the delivery has ended: {}", r.status.as_str()),
+                )),
+                _ => Err(Error::new(
+                    ErrorCode::NotFound,
+                    "no delivery of that message is pending here",
+                )),
+            };
+        };
+        let phase = t.state.as_str();
+        let moved = self.due_now(&task, t);
+        let mut out = Object::new();
+        out.insert("phase", phase);
+        out.insert("brought_forward", moved);
+        Ok(Value::Object(out))
+    }
+
+    /// Makes a task that waits for its next attempt due now: no earlier than its
+    /// `retry_after`, no later than its deadline (the tick at the deadline ends it). Whether
+    /// it moved.
+    fn due_now(&mut self, id: &str, mut t: TaskRec) -> bool {
+        if t.state != TaskState::Waiting {
+            return false;
+        }
+        let at = self.now.max(t.not_before).min(t.deadline);
+        if t.next_at <= at {
+            return false;
+        }
+        let old = t.next_at;
+        if t.outage {
+            // Out of the destination's outage index: it no longer waits for the comeback.
+            self.txn.delete(k::outage(&t.target, id));
+            t.outage = false;
+        }
+        t.next_at = at;
+        self.reindex(id, old, &t);
+        self.save_task(id, &t);
+        true
     }
 }

@@ -139,6 +139,8 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             "message.timeline.sync" => self.timeline_sync(caller, p),
             "admin.deliveries" => self.admin_deliveries(caller, p),
             "admin.destinations" => self.admin_destinations(caller, p),
+            "admin.destination.retry" => self.admin_destination_retry(caller, p),
+            "admin.delivery.retry" => self.admin_delivery_retry(caller, p),
             _ => Err(Error::new(
                 ErrorCode::NotFound,
                 format!("unknown method {method:?}"),

@@ -151,7 +151,7 @@ pub fn error_body(e: &Error) -> Value {
 }
 
 /// Every method the engine dispatches (protocol.md §4 and `admin.*`), in dispatch order.
-pub const METHODS: [&str; 15] = [
+pub const METHODS: [&str; 17] = [
     "session.open",
     "account.register",
     "account.update",
@@ -167,6 +167,8 @@ pub const METHODS: [&str; 15] = [
     "message.timeline.sync",
     "admin.deliveries",
     "admin.destinations",
+    "admin.destination.retry",
+    "admin.delivery.retry",
 ];
 
 /// A method name as a metrics label: a method of [`METHODS`], or `other` (names come from callers).

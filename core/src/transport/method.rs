@@ -36,6 +36,10 @@ pub enum Method {
     AdminDeliveries,
     /// `admin.destinations`: the operator's view of each destination's health and queue.
     AdminDestinations,
+    /// `admin.destination.retry`: every waiting delivery to a destination due now.
+    AdminDestinationRetry,
+    /// `admin.delivery.retry`: one waiting delivery due now.
+    AdminDeliveryRetry,
 }
 
 /// The door a call came through; each door reaches its own set of methods.
@@ -51,7 +55,7 @@ pub enum Door {
 
 impl Method {
     /// Every method, in the engine's dispatch order.
-    pub const ALL: [Method; 15] = [
+    pub const ALL: [Method; 17] = [
         Method::SessionOpen,
         Method::AccountRegister,
         Method::AccountUpdate,
@@ -67,6 +71,8 @@ impl Method {
         Method::TimelineSync,
         Method::AdminDeliveries,
         Method::AdminDestinations,
+        Method::AdminDestinationRetry,
+        Method::AdminDeliveryRetry,
     ];
 
     /// The method's name on the wire.
@@ -87,6 +93,8 @@ impl Method {
             Method::TimelineSync => "message.timeline.sync",
             Method::AdminDeliveries => "admin.deliveries",
             Method::AdminDestinations => "admin.destinations",
+            Method::AdminDestinationRetry => "admin.destination.retry",
+            Method::AdminDeliveryRetry => "admin.delivery.retry",
         }
     }
 
@@ -115,7 +123,13 @@ impl Method {
 
     /// Whether this is an operator method (`admin.*`).
     pub const fn is_admin(self) -> bool {
-        matches!(self, Method::AdminDeliveries | Method::AdminDestinations)
+        matches!(
+            self,
+            Method::AdminDeliveries
+                | Method::AdminDestinations
+                | Method::AdminDestinationRetry
+                | Method::AdminDeliveryRetry
+        )
     }
 
     /// The method a name reaches through `door`, or the `not_found` error that door gives.
