@@ -7,7 +7,10 @@
 //! `unavailable` errors, and keeps answering across restarts. Relays restart
 //! at random points, their clocks are skewed, some have small rate limits,
 //! and accounts move to another relay while deliveries from and to them are
-//! pending, several times and back to a former home (see "Moves" below). A discrete
+//! pending, several times and back to a former home (see "Moves" below). The operator of a
+//! random node says "retry now" at random points, for a destination or for one message
+//! (`admin.destination.retry`, `admin.delivery.retry`, drawn from a generator of their
+//! own), and a retry of an ended delivery must be refused. A discrete
 //! event loop drives time: the next event is the earliest of a network arrival, a
 //! relay's wake-up and a client action.
 //!
@@ -312,6 +315,11 @@ stats! {
     /// next use shares again), and a copy a shard fetched after the publish, which outlives
     /// the one copy a relay of one shard keeps (its expiry runs from the fetch).
     not_found_held_by_sibling,
+    /// Operator "retry now" calls answered, the deliveries they brought forward, and the
+    /// retries of ended deliveries refused (`state_conflict`).
+    operator_retries,
+    operator_brought_forward,
+    operator_retries_refused,
 }
 
 impl Stats {
@@ -511,6 +519,9 @@ enum Ev {
         relay: usize,
     },
     Revoke,
+    /// The operator of a random node says "retry now": for one of its destinations
+    /// (`admin.destination.retry`) or one message it accepted (`admin.delivery.retry`).
+    OperatorRetry,
 }
 
 impl Ev {
@@ -832,6 +843,8 @@ struct Sim {
     /// The moves' own generator (see "Moves" in the module doc): a seed without a move
     /// draws nothing from it.
     moves_rng: ChaCha20Rng,
+    /// The operator's actions, drawn apart so that the rest of each world stays as it was.
+    ops_rng: ChaCha20Rng,
     /// (account, node) of every periodic sync running (one per relay the account was
     /// registered at, until a former home forgot it).
     sync_chains: BTreeSet<(usize, usize)>,
@@ -911,6 +924,7 @@ impl Sim {
             moves_rng: ChaCha20Rng::seed_from_u64(
                 seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x30e5,
             ),
+            ops_rng: ChaCha20Rng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x0b5),
             sync_chains: BTreeSet::new(),
             former_spans: BTreeMap::new(),
             grants: BTreeMap::new(),
@@ -1176,6 +1190,10 @@ impl Sim {
         if self.rng.gen_bool(0.3) {
             let at = start + self.rng.gen_range(0..window);
             self.schedule(at, Ev::Revoke);
+        }
+        for _ in 0..self.ops_rng.gen_range(0..=4) {
+            let at = start + self.ops_rng.gen_range(0..window + 4 * MIN);
+            self.schedule(at, Ev::OperatorRetry);
         }
         if self.rng.gen_bool(0.35) {
             for _ in 0..self.rng.gen_range(1..=2) {
@@ -1537,7 +1555,8 @@ impl Sim {
     /// session's token names `n`'s shard, other calls name an account `n` serves.
     fn check_placement(&self, n: usize, caller: &Caller, method: &str, params: &[u8]) {
         let shard = self.w.nodes[n].config.shard;
-        if shard.count <= 1 {
+        // The operator names the shard it asks (`?shard=N`): no router places its calls.
+        if shard.count <= 1 || *caller == Caller::Operator {
             return;
         }
         let (path, headers) = match caller {
@@ -1951,6 +1970,96 @@ impl Sim {
                 }
             }
             Ev::Revoke => self.revoke(),
+            Ev::OperatorRetry => self.operator_retry(),
+        }
+    }
+
+    /// "Retry now" by the operator of a random node, for one of its destinations or one
+    /// message it accepted. The seed's rules must hold whatever it hits (the checkers see
+    /// every attempt it starts); an ended delivery must be refused, never attempted again.
+    fn operator_retry(&mut self) {
+        let n = self.ops_rng.gen_range(0..self.w.nodes.len());
+        if self.ops_rng.gen_bool(0.5) {
+            let mut p = Object::new();
+            p.insert("limit", 50u64);
+            let bytes = canonical::object_to_vec(&p);
+            let (r, _, _) = self.call_op(n, &Caller::Operator, "admin.destinations", &bytes);
+            let Ok(v) = r.result else {
+                return;
+            };
+            let dests: Vec<String> = field(&v, "destinations")
+                .and_then(array)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|d| field(d, "destination").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect();
+            if dests.is_empty() {
+                return;
+            }
+            let d = dests[self.ops_rng.gen_range(0..dests.len())].clone();
+            let mut p = Object::new();
+            p.insert("destination", d.as_str());
+            let bytes = canonical::object_to_vec(&p);
+            let (r, _, _) = self.call_op(n, &Caller::Operator, "admin.destination.retry", &bytes);
+            match r.result {
+                Ok(v) => {
+                    self.stats.operator_retries += 1;
+                    self.stats.operator_brought_forward += field(&v, "brought_forward")
+                        .and_then(Value::as_protocol_int)
+                        .unwrap_or(0);
+                    self.trace(|| format!("operator of r{n} retries {d} now: {v:?}"));
+                }
+                Err(e) if e.code == ErrorCode::Internal => {}
+                Err(e) => self.fail(format!("admin.destination.retry {d} at r{n}: {e:?}")),
+            }
+            return;
+        }
+        let ks: Vec<usize> = (0..self.msgs.len())
+            .filter(|&k| self.msgs[k].source == n && self.msgs[k].accepted.is_some())
+            .collect();
+        // Mostly a message not known to have ended (what an operator would retry), and
+        // sometimes one that has (which must be refused).
+        let open: Vec<usize> = ks
+            .iter()
+            .copied()
+            .filter(|&k| self.msgs[k].terminal.is_none())
+            .collect();
+        let ks = if !open.is_empty() && self.ops_rng.gen_bool(0.8) {
+            open
+        } else {
+            ks
+        };
+        if ks.is_empty() {
+            return;
+        }
+        let k = ks[self.ops_rng.gen_range(0..ks.len())];
+        let mut p = Object::new();
+        p.insert("from", self.accts[self.msgs[k].from].id().as_str());
+        p.insert("message_id", self.msgs[k].id.as_str());
+        let bytes = canonical::object_to_vec(&p);
+        let (r, _, _) = self.call_op(n, &Caller::Operator, "admin.delivery.retry", &bytes);
+        let task = self.msgs[k].task.clone();
+        match r.result {
+            Ok(v) => {
+                self.stats.operator_retries += 1;
+                let moved = field(&v, "brought_forward") == Some(&Value::Bool(true));
+                if moved {
+                    self.stats.operator_brought_forward += 1;
+                    if self.msgs[k].terminal.is_some() {
+                        self.fail(format!(
+                            "the operator brought forward {task}, which had ended: {v:?}"
+                        ));
+                    }
+                }
+                self.trace(|| format!("operator of r{n} retries {task} now: {v:?}"));
+            }
+            // Ended (its result never changes), or forgotten after retention.
+            Err(e) if e.code == ErrorCode::StateConflict => {
+                self.stats.operator_retries_refused += 1
+            }
+            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Internal) => {}
+            Err(e) => self.fail(format!("admin.delivery.retry {task} at r{n}: {e:?}")),
         }
     }
 
@@ -3836,6 +3945,10 @@ fn simulation_1000_seeds() {
         ("shard_restarts", total.shard_restarts),
         ("shard_calls", total.shard_calls),
         ("lost_shard_calls", total.lost_shard_calls),
+        // The operator's "retry now" (issue 32).
+        ("operator_retries", total.operator_retries),
+        ("operator_brought_forward", total.operator_brought_forward),
+        ("operator_retries_refused", total.operator_retries_refused),
     ] {
         assert!(n > 0, "the simulation never produced {name}: {total:#?}");
     }
