@@ -43,6 +43,9 @@ pub enum AdminCommand {
         /// Only destinations whose latest attempt failed.
         #[arg(long)]
         failing: bool,
+        /// Only destinations the operator paused.
+        #[arg(long)]
+        paused: bool,
         /// Start after this destination (a previous page's `next`).
         #[arg(long)]
         after: Option<String>,
@@ -59,6 +62,17 @@ pub enum AdminCommand {
         /// Continue after this delivery (a previous call's `next`).
         #[arg(long)]
         after: Option<String>,
+    },
+    /// Hold DESTINATION: no attempt starts until `resume` (accepted messages still queue for
+    /// it, and each still fails at its deadline). Survives restarts.
+    Pause {
+        /// The destination relay's id.
+        destination: String,
+    },
+    /// Release a paused DESTINATION: its held deliveries start as slots allow.
+    Resume {
+        /// The destination relay's id.
+        destination: String,
     },
     /// Make one waiting delivery due now: the message MESSAGE_ID sent by account FROM.
     RetryDelivery {
@@ -184,6 +198,7 @@ impl Admin {
             }
             AdminCommand::Destinations {
                 failing,
+                paused,
                 after,
                 limit,
             } => {
@@ -191,7 +206,18 @@ impl Admin {
                 if *failing {
                     params.insert("failing", true);
                 }
+                if *paused {
+                    params.insert("paused", true);
+                }
                 "destinations"
+            }
+            AdminCommand::Pause { destination } => {
+                params.insert("destination", destination.as_str());
+                "destination.pause"
+            }
+            AdminCommand::Resume { destination } => {
+                params.insert("destination", destination.as_str());
+                "destination.resume"
             }
             AdminCommand::Retry { destination, after } => {
                 params.insert("destination", destination.as_str());

@@ -307,6 +307,27 @@ fn admin_commands_make_the_call_the_relay_expects() {
             &br#"{"from":"ACC","message_id":"MID"}"#[..]
         )
     );
+    for (verb, method) in [
+        ("pause", "destination.pause"),
+        ("resume", "destination.resume"),
+    ] {
+        let c = admin(&[
+            "admin",
+            "--admin-url",
+            "http://h:1",
+            verb,
+            "https://b.example",
+        ])
+        .call(files, Path::new("/"))
+        .unwrap();
+        assert_eq!(
+            (c.url, c.body),
+            (
+                format!("http://h:1/admin/v1/{method}?shard=0"),
+                br#"{"destination":"https://b.example"}"#.to_vec()
+            )
+        );
+    }
     let c = admin(&["admin", "metrics"])
         .call(no_file, Path::new("/"))
         .unwrap_err();

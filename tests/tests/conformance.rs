@@ -925,6 +925,30 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
     assert!(u64_of(&back, "failing_since").is_none(), "{back:?}");
     assert!(u64_of(&back, "last_success_at").is_some(), "{back:?}");
     assert!(row(&d.c, true).is_none(), "no longer failing");
+    // Paused: a message is accepted but not attempted, until resumed.
+    let mut q = Object::new();
+    q.insert("destination", dest.as_str());
+    let (s, v) = d.c.admin(&d.a.relay, "destination.pause", &q);
+    assert_eq!(s, 200, "admin.destination.pause: {v:?}");
+    let held = d.c.message(&d.alice, &d.bob, "held", &Msg::default());
+    let (s, v) = d.c.send(&d.alice, &held);
+    assert_eq!((s, status_of(&v)), (200, "delivering".to_string()), "{v:?}");
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(
+        d.b.proxy.delivers(&message_id(&held)).is_empty(),
+        "an attempt to a paused destination"
+    );
+    let mut pq = Object::new();
+    pq.insert("paused", true);
+    let (_, v) = d.c.admin(&d.a.relay, "destinations", &pq);
+    let paused = field(&v, "destinations")
+        .and_then(relay_tests::array)
+        .unwrap_or_default();
+    assert_eq!(paused.len(), 1, "{v:?}");
+    let (s, v) = d.c.admin(&d.a.relay, "destination.resume", &q);
+    assert_eq!((s, u64_of(&v, "started")), (200, Some(1)), "{v:?}");
+    let st = d.c.wait_terminal(&d.alice, &message_id(&held), WAIT);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
     // Not through the client door.
     let (s, _) = d.c.call_as(&d.alice, "admin.destinations", &Object::new());
     assert!(

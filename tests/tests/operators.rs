@@ -584,3 +584,108 @@ fn retrying_one_delivery_brings_it_forward_and_an_ended_one_is_a_state_conflict(
     );
     assert_eq!(code_of(&r), "permission_denied");
 }
+
+fn hold(w: &mut World, a: usize, dest: usize, method: &str) -> Value {
+    let mut p = Object::new();
+    p.insert("destination", w.nodes[dest].id.as_str());
+    w.call(a, &Caller::Operator, method, &p)
+        .result
+        .expect(method)
+}
+
+#[test]
+fn a_paused_destination_gets_no_attempt_until_resumed_and_keeps_taking_messages() {
+    let (mut w, a, _, live, alice, _, carol) = setup(8);
+    // Known to the relay: one delivery there first.
+    let m0 = w.message(&alice, 0, &carol, "before", &Msg::default());
+    w.send(&alice, 0, &m0).result.unwrap();
+    w.pump();
+    let r = hold(&mut w, a, live, "admin.destination.pause");
+    assert_eq!(field(&r, "paused"), Some(&Value::Bool(true)));
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let m = w.message(&alice, 0, &carol, &format!("held {i}"), &Msg::default());
+        let st = w.send(&alice, 0, &m).result.unwrap();
+        assert_eq!(status_of(&st), "delivering", "accepted while paused");
+        ids.push(message_id(&m));
+    }
+    w.advance_without_network(30_000);
+    assert!(w.outbox.is_empty(), "an attempt to a paused destination");
+    // Listed as paused, and under the filter.
+    let mut p = Object::new();
+    p.insert("paused", true);
+    let listed = every(&mut w, a, "admin.destinations", p, "destinations", 10);
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        text_of(&listed[0], "destination"),
+        Some(w.nodes[live].id.as_str())
+    );
+    assert_eq!(
+        field(&listed[0], "pending").and_then(Value::as_protocol_int),
+        Some(3)
+    );
+    // A restart keeps the pause.
+    w.nodes[a].restart(99);
+    w.advance_without_network(1_000);
+    assert!(w.outbox.is_empty(), "the pause did not survive the restart");
+    // Resumed: the three go, and arrive.
+    let r = hold(&mut w, a, live, "admin.destination.resume");
+    assert_eq!(
+        field(&r, "started").and_then(Value::as_protocol_int),
+        Some(3)
+    );
+    assert_eq!(w.outbox.len(), 3);
+    w.pump();
+    for id in &ids {
+        assert_eq!(
+            status_of(&w.status(&alice, id).result.unwrap()),
+            "target_accepted"
+        );
+    }
+}
+
+#[test]
+fn a_pause_changes_no_deadline_a_delivery_held_past_it_fails_deadline_exceeded() {
+    let mut w = World::new(64);
+    let tune = |c: &mut relay_core::engine::Config| {
+        c.policies.message_delivery_age_limit = 60_000;
+        c.policies.send_rate = 0;
+    };
+    let a = w.relay_with("a", tune);
+    let b = w.relay_with("b", tune);
+    let alice = w.account(a, 1, true);
+    let bob = w.account(b, 1, true);
+    w.publish_route(a, &bob);
+    let m0 = w.message(&alice, 0, &bob, "before", &Msg::default());
+    w.send(&alice, 0, &m0).result.unwrap();
+    w.pump();
+    hold(&mut w, a, b, "admin.destination.pause");
+    let m = w.message(&alice, 0, &bob, "held too long", &Msg::default());
+    w.send(&alice, 0, &m).result.unwrap();
+    w.advance_without_network(61_000);
+    assert!(w.outbox.is_empty(), "an attempt to a paused destination");
+    let st = w.status(&alice, &message_id(&m)).result.unwrap();
+    assert_eq!(code_of_status(&st), "deadline_exceeded", "{st:?}");
+    // Resuming later starts nothing for it: its result never changes.
+    let r = hold(&mut w, a, b, "admin.destination.resume");
+    assert_eq!(
+        field(&r, "started").and_then(Value::as_protocol_int),
+        Some(0)
+    );
+    assert!(w.outbox.is_empty());
+    // Unknown destination, and not for clients.
+    let mut p = Object::new();
+    p.insert("destination", "https://nobody.example");
+    let r = w.call(a, &Caller::Operator, "admin.destination.pause", &p);
+    assert_eq!(code_of(&r), "not_found");
+    let r = w.call(a, &World::session(&alice, 0), "admin.destination.pause", &p);
+    assert_eq!(code_of(&r), "permission_denied");
+}
+
+fn code_of_status(v: &Value) -> String {
+    field(v, "error")
+        .and_then(|e| field(e, "code"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}

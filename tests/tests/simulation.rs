@@ -320,6 +320,8 @@ stats! {
     operator_retries,
     operator_brought_forward,
     operator_retries_refused,
+    /// Pauses and resumes the operator made.
+    operator_holds,
 }
 
 impl Stats {
@@ -522,6 +524,13 @@ enum Ev {
     /// The operator of a random node says "retry now": for one of its destinations
     /// (`admin.destination.retry`) or one message it accepted (`admin.delivery.retry`).
     OperatorRetry,
+    /// The operator of a random node pauses one of its destinations; a `Resume` follows.
+    OperatorPause,
+    /// The operator of node `node` resumes `destination`.
+    OperatorResume {
+        node: usize,
+        destination: String,
+    },
 }
 
 impl Ev {
@@ -1194,6 +1203,10 @@ impl Sim {
         for _ in 0..self.ops_rng.gen_range(0..=4) {
             let at = start + self.ops_rng.gen_range(0..window + 4 * MIN);
             self.schedule(at, Ev::OperatorRetry);
+        }
+        for _ in 0..self.ops_rng.gen_range(0..=2) {
+            let at = start + self.ops_rng.gen_range(0..window + 4 * MIN);
+            self.schedule(at, Ev::OperatorPause);
         }
         if self.rng.gen_bool(0.35) {
             for _ in 0..self.rng.gen_range(1..=2) {
@@ -1971,6 +1984,71 @@ impl Sim {
             }
             Ev::Revoke => self.revoke(),
             Ev::OperatorRetry => self.operator_retry(),
+            Ev::OperatorPause => self.operator_pause(),
+            Ev::OperatorResume { node, destination } => {
+                self.operator_hold(node, &destination, "admin.destination.resume")
+            }
+        }
+    }
+
+    /// The operator of a random node pauses one of its destinations, and resumes it 10 s to
+    /// 3 min later (a peer being migrated). Deadlines run on: what is held past one fails.
+    fn operator_pause(&mut self) {
+        let n = self.ops_rng.gen_range(0..self.w.nodes.len());
+        let mut p = Object::new();
+        p.insert("limit", 50u64);
+        let bytes = canonical::object_to_vec(&p);
+        let (r, _, _) = self.call_op(n, &Caller::Operator, "admin.destinations", &bytes);
+        let Ok(v) = r.result else {
+            return;
+        };
+        let dests: Vec<String> = field(&v, "destinations")
+            .and_then(array)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|d| field(d, "destination").and_then(Value::as_str))
+            .map(str::to_string)
+            .collect();
+        if dests.is_empty() {
+            return;
+        }
+        let d = dests[self.ops_rng.gen_range(0..dests.len())].clone();
+        self.operator_hold(n, &d, "admin.destination.pause");
+        let at = self.w.now + self.ops_rng.gen_range(10 * SEC..3 * MIN);
+        self.schedule(
+            at,
+            Ev::OperatorResume {
+                node: n,
+                destination: d,
+            },
+        );
+    }
+
+    /// `method` (pause or resume) of `destination` at node `n`; a storage fault may lose it
+    /// (then a resume is tried again a little later, as an operator would).
+    fn operator_hold(&mut self, n: usize, destination: &str, method: &str) {
+        let mut p = Object::new();
+        p.insert("destination", destination);
+        let bytes = canonical::object_to_vec(&p);
+        let (r, _, _) = self.call_op(n, &Caller::Operator, method, &bytes);
+        match r.result {
+            Ok(v) => {
+                self.stats.operator_holds += 1;
+                self.trace(|| format!("operator of r{n}: {method} {destination}: {v:?}"));
+            }
+            Err(e) if e.code == ErrorCode::Internal => {
+                if method.ends_with("resume") {
+                    let at = self.w.now + 5 * SEC;
+                    self.schedule(
+                        at,
+                        Ev::OperatorResume {
+                            node: n,
+                            destination: destination.to_string(),
+                        },
+                    );
+                }
+            }
+            Err(e) => self.fail(format!("{method} {destination} at r{n}: {e:?}")),
         }
     }
 
@@ -3949,6 +4027,7 @@ fn simulation_1000_seeds() {
         ("operator_retries", total.operator_retries),
         ("operator_brought_forward", total.operator_brought_forward),
         ("operator_retries_refused", total.operator_retries_refused),
+        ("operator_holds", total.operator_holds),
     ] {
         assert!(n > 0, "the simulation never produced {name}: {total:#?}");
     }

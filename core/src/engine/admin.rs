@@ -150,10 +150,11 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         Ok(Value::Object(out))
     }
 
-    /// `admin.destinations` (operator): `{after?, limit?, failing?}`, one row per destination
+    /// `admin.destinations` (operator): `{after?, limit?, failing?, paused?}`, one row per destination
     /// this relay has delivered to, in the order of their ids: deliveries pending and in
     /// flight, consecutive failures and since when, the last success and the last error.
-    /// `failing: true` keeps those whose latest attempt failed. Read from each destination's
+    /// `failing: true` keeps those whose latest attempt failed, `paused: true` those the
+    /// operator paused. Read from each destination's
     /// own record (its counters are kept as deliveries start and end), never from its
     /// deliveries.
     pub(crate) fn admin_destinations(
@@ -167,6 +168,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let f = Fields::new(&p);
         let limit = page_limit(&f, DESTINATIONS_PAGE)?;
         let failing = f.opt_bool("failing")?.unwrap_or(false);
+        let paused = f.opt_bool("paused")?.unwrap_or(false);
         let prefix = k::all_peers();
         let start = match f.opt_str("after")? {
             Some(d) if !d.is_empty() => just_after(k::destination(d)),
@@ -202,7 +204,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 list.push(Value::Object(o));
                 continue;
             };
-            if failing && peer.consecutive_failures == 0 {
+            if (failing && peer.consecutive_failures == 0) || (paused && !peer.paused) {
                 continue;
             }
             let mut o = Object::new();
@@ -219,6 +221,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             if let Some(code) = &peer.last_error {
                 o.insert("last_error", code.as_str());
             }
+            o.insert("paused", peer.paused);
             list.push(Value::Object(o));
         }
         let mut out = Object::new();
@@ -355,5 +358,54 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.reindex(id, old, &t);
         self.save_task(id, &t);
         true
+    }
+
+    /// `admin.destination.pause` and `admin.destination.resume` (operator): `{destination}`.
+    /// Paused, a destination starts no attempt: what is accepted for it, and what comes due,
+    /// is parked as if it had no free slot, and the tick still ends each at its deadline
+    /// (`deadline_exceeded`); attempts already out finish. Resumed, its parked deliveries
+    /// start as slots allow, oldest first. The state is the destination's record, so it
+    /// survives restarts. Answers the destination's state after the call.
+    pub(crate) fn admin_destination_hold(
+        &mut self,
+        caller: &Caller,
+        p: Object,
+        paused: bool,
+    ) -> Result<Value, Error> {
+        if *caller != Caller::Operator {
+            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
+        }
+        let f = Fields::new(&p);
+        let dest = f.str("destination")?;
+        let Some(mut peer) = self.txn.get::<PeerRec>(&k::destination(dest))? else {
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                "this relay has never delivered to that destination",
+            ));
+        };
+        let changed = peer.paused != paused;
+        peer.paused = paused;
+        self.save_peer(dest, &peer);
+        let mut started = 0u64;
+        if changed && !paused {
+            let free = self
+                .cfg
+                .max_in_flight_per_destination
+                .saturating_sub(peer.in_flight);
+            for _ in 0..free {
+                if !self.launch_parked(dest)? {
+                    break;
+                }
+                started += 1;
+            }
+        }
+        let mut out = Object::new();
+        out.insert("destination", dest);
+        out.insert("paused", paused);
+        out.insert("changed", changed);
+        if !paused {
+            out.insert("started", started);
+        }
+        Ok(Value::Object(out))
     }
 }

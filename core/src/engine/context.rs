@@ -141,6 +141,8 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             "admin.destinations" => self.admin_destinations(caller, p),
             "admin.destination.retry" => self.admin_destination_retry(caller, p),
             "admin.delivery.retry" => self.admin_delivery_retry(caller, p),
+            "admin.destination.pause" => self.admin_destination_hold(caller, p, true),
+            "admin.destination.resume" => self.admin_destination_hold(caller, p, false),
             _ => Err(Error::new(
                 ErrorCode::NotFound,
                 format!("unknown method {method:?}"),

@@ -151,7 +151,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         let target = t.target.clone();
         let mut peer = self.peer(&target)?;
-        if peer.in_flight >= self.cfg.max_in_flight_per_destination {
+        // A destination the operator paused holds its deliveries as if it had no free slot:
+        // parked until resumed, and ended by the tick at their deadline.
+        if peer.paused || peer.in_flight >= self.cfg.max_in_flight_per_destination {
             peer.park_seq += 1;
             t.park_order = peer.park_seq;
             t.state = TaskState::Parked;

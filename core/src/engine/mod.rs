@@ -151,7 +151,7 @@ pub fn error_body(e: &Error) -> Value {
 }
 
 /// Every method the engine dispatches (protocol.md §4 and `admin.*`), in dispatch order.
-pub const METHODS: [&str; 17] = [
+pub const METHODS: [&str; 19] = [
     "session.open",
     "account.register",
     "account.update",
@@ -169,6 +169,8 @@ pub const METHODS: [&str; 17] = [
     "admin.destinations",
     "admin.destination.retry",
     "admin.delivery.retry",
+    "admin.destination.pause",
+    "admin.destination.resume",
 ];
 
 /// A method name as a metrics label: a method of [`METHODS`], or `other` (names come from callers).

@@ -24,22 +24,32 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let mut peer = self.peer(relay)?;
         peer.in_flight = peer.in_flight.saturating_sub(1);
         self.save_peer(relay, &peer);
+        if !peer.paused {
+            self.launch_parked(relay)?;
+        }
+        Ok(())
+    }
+
+    /// Launches the first delivery parked at `relay`, if any (it takes a free slot, or parks
+    /// again); whether there was one.
+    pub(crate) fn launch_parked(&mut self, relay: &str) -> Result<bool, Error> {
         let prefix = k::parked_at(relay);
-        if let Some((key, _)) = self
+        let Some((key, _)) = self
             .txn
             .scan(&prefix, &k::prefix_end(&prefix), 1)?
             .into_iter()
             .next()
-        {
-            self.txn.delete(key.clone());
-            let id = k::parked_task(&key, relay).unwrap_or("").to_string();
-            if let Some(t) = self.task_or_skip(&id)? {
-                if t.state == TaskState::Parked {
-                    return self.launch(&id, t);
-                }
+        else {
+            return Ok(false);
+        };
+        self.txn.delete(key.clone());
+        let id = k::parked_task(&key, relay).unwrap_or("").to_string();
+        if let Some(t) = self.task_or_skip(&id)? {
+            if t.state == TaskState::Parked {
+                self.launch(&id, t)?;
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// One more (or one fewer) delivery pending at `relay`, for the operator's metrics.

@@ -305,6 +305,9 @@ pub(crate) struct PeerRec {
     /// When its current run of failures began (the first failure since its last success).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failing_since: Option<u64>,
+    /// Held by the operator (`admin.destination.pause`): no attempt starts until resumed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// A token bucket, in thousandths of a token.

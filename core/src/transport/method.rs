@@ -40,6 +40,10 @@ pub enum Method {
     AdminDestinationRetry,
     /// `admin.delivery.retry`: one waiting delivery due now.
     AdminDeliveryRetry,
+    /// `admin.destination.pause`: no attempt to a destination until resumed.
+    AdminDestinationPause,
+    /// `admin.destination.resume`: a paused destination's deliveries go again.
+    AdminDestinationResume,
 }
 
 /// The door a call came through; each door reaches its own set of methods.
@@ -55,7 +59,7 @@ pub enum Door {
 
 impl Method {
     /// Every method, in the engine's dispatch order.
-    pub const ALL: [Method; 17] = [
+    pub const ALL: [Method; 19] = [
         Method::SessionOpen,
         Method::AccountRegister,
         Method::AccountUpdate,
@@ -73,6 +77,8 @@ impl Method {
         Method::AdminDestinations,
         Method::AdminDestinationRetry,
         Method::AdminDeliveryRetry,
+        Method::AdminDestinationPause,
+        Method::AdminDestinationResume,
     ];
 
     /// The method's name on the wire.
@@ -95,6 +101,8 @@ impl Method {
             Method::AdminDestinations => "admin.destinations",
             Method::AdminDestinationRetry => "admin.destination.retry",
             Method::AdminDeliveryRetry => "admin.delivery.retry",
+            Method::AdminDestinationPause => "admin.destination.pause",
+            Method::AdminDestinationResume => "admin.destination.resume",
         }
     }
 
@@ -129,6 +137,8 @@ impl Method {
                 | Method::AdminDestinations
                 | Method::AdminDestinationRetry
                 | Method::AdminDeliveryRetry
+                | Method::AdminDestinationPause
+                | Method::AdminDestinationResume
         )
     }
 
