@@ -624,6 +624,17 @@ fn a_paused_destination_gets_no_attempt_until_resumed_and_keeps_taking_messages(
         field(&listed[0], "pending").and_then(Value::as_protocol_int),
         Some(3)
     );
+    // The gauges and the action's count, with no label per destination.
+    let text = w.nodes[a].engine.metrics().unwrap().to_prometheus();
+    for line in [
+        "relay_destinations_paused 1\n",
+        "relay_destinations_failing 0\n",
+        "relay_deliveries_pending 3\n",
+        "relay_quarantined_entries 0\n",
+        "relay_operator_actions_total{action=\"destination.pause\"} 1\n",
+    ] {
+        assert!(text.contains(line), "no {line:?} in\n{text}");
+    }
     // A restart keeps the pause.
     w.nodes[a].restart(99);
     w.advance_without_network(1_000);

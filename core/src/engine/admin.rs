@@ -290,6 +290,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 }
             }
         }
+        self.operator_action("destination.retry", moved > 0);
         let mut out = Object::new();
         out.insert("destination", dest);
         out.insert("brought_forward", moved);
@@ -331,10 +332,18 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         };
         let phase = t.state.as_str();
         let moved = self.due_now(&task, t);
+        self.operator_action("delivery.retry", moved);
         let mut out = Object::new();
         out.insert("phase", phase);
         out.insert("brought_forward", moved);
         Ok(Value::Object(out))
+    }
+
+    /// Counts an operator action that changed something (`relay_operator_actions_total`).
+    fn operator_action(&mut self, action: &'static str, changed: bool) {
+        if changed {
+            super::metrics::Counters::bump(&mut self.counts.operator_actions, action);
+        }
     }
 
     /// Makes a task that waits for its next attempt due now: no earlier than its
@@ -399,6 +408,14 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 started += 1;
             }
         }
+        self.operator_action(
+            if paused {
+                "destination.pause"
+            } else {
+                "destination.resume"
+            },
+            changed,
+        );
         let mut out = Object::new();
         out.insert("destination", dest);
         out.insert("paused", paused);

@@ -244,15 +244,19 @@ pub(crate) fn next_wake<S: Storage>(store: &mut S) -> Result<Option<u64>, Storag
 /// The destinations with most pending deliveries, then the rest summed as `other`.
 pub(crate) fn pending_by_destination<S: Storage>(
     store: &mut S,
-) -> Result<Vec<super::metrics::Pending>, StorageError> {
-    use super::metrics::{Pending, TOP_DESTINATIONS};
+) -> Result<(Vec<super::metrics::Pending>, super::metrics::Destinations), StorageError> {
+    use super::metrics::{Destinations, Pending, TOP_DESTINATIONS};
     let prefix = k::all_peers();
     let mut all: Vec<Pending> = Vec::new();
+    let mut sums = Destinations::default();
     // Peers are the relays this one delivers to; the walk is bounded all the same.
     for (key, v) in store.scan(&prefix, &k::prefix_end(&prefix), 100_000)? {
         let Ok(p) = serde_json::from_slice::<super::records::PeerRec>(&v) else {
             continue;
         };
+        sums.failing += u64::from(p.consecutive_failures > 0);
+        sums.paused += u64::from(p.paused);
+        sums.pending += p.pending;
         if p.pending == 0 && p.in_flight == 0 {
             continue;
         }
@@ -275,7 +279,11 @@ pub(crate) fn pending_by_destination<S: Storage>(
             in_flight: rest.iter().map(|p| p.in_flight).sum(),
         });
     }
-    Ok(all)
+    let q = k::quarantine_prefix();
+    sums.quarantined = store
+        .scan(&q, &k::prefix_end(&q), super::admin::MAX_LISTED)?
+        .len() as u64;
+    Ok((all, sums))
 }
 
 /// Checks a caller's session and returns it.

@@ -31,6 +31,9 @@ pub struct Counters {
     pub rate_limited: BTreeMap<String, u64>,
     /// Tick entries set aside (quarantined).
     pub quarantined: u64,
+    /// Operator actions that changed something, by action (`destination.retry`,
+    /// `delivery.retry`, `destination.pause`, `destination.resume`): a fixed set of labels.
+    pub operator_actions: BTreeMap<&'static str, u64>,
 }
 
 impl Counters {
@@ -53,6 +56,9 @@ impl Counters {
             *self.rate_limited.entry(k).or_default() += v;
         }
         self.quarantined += other.quarantined;
+        for (k, v) in other.operator_actions {
+            *self.operator_actions.entry(k).or_default() += v;
+        }
     }
 
     /// Counts one in a keyed counter.
@@ -79,6 +85,21 @@ pub struct Metrics {
     pub counters: Counters,
     /// The [`TOP_DESTINATIONS`] destinations with most pending deliveries, then `other`.
     pub pending: Vec<Pending>,
+    /// The destinations as a whole, for alerts whose labels do not grow with them.
+    pub destinations: Destinations,
+}
+
+/// Gauges over every destination (each a sum, never a label per destination).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Destinations {
+    /// Destinations whose latest attempt failed.
+    pub failing: u64,
+    /// Destinations the operator paused.
+    pub paused: u64,
+    /// Deliveries not yet ended, at every destination.
+    pub pending: u64,
+    /// Entries ticks set aside and still kept (`admin.deliveries` lists them).
+    pub quarantined: u64,
 }
 
 fn escape(label: &str) -> String {
@@ -178,6 +199,44 @@ impl Metrics {
             "relay_tick_entries_quarantined_total {}",
             c.quarantined
         );
+        family(
+            &mut out,
+            "relay_operator_actions_total",
+            "counter",
+            "Operator actions that changed something, by action.",
+        );
+        labelled(
+            &mut out,
+            "relay_operator_actions_total",
+            "action",
+            &c.operator_actions,
+        );
+        let d = &self.destinations;
+        for (name, help, v) in [
+            (
+                "relay_destinations_failing",
+                "Destinations whose latest attempt failed.",
+                d.failing,
+            ),
+            (
+                "relay_destinations_paused",
+                "Destinations the operator paused.",
+                d.paused,
+            ),
+            (
+                "relay_deliveries_pending",
+                "Deliveries not yet ended, at every destination.",
+                d.pending,
+            ),
+            (
+                "relay_quarantined_entries",
+                "Entries ticks set aside and still kept.",
+                d.quarantined,
+            ),
+        ] {
+            family(&mut out, name, "gauge", help);
+            let _ = writeln!(out, "{name} {v}");
+        }
         family(
             &mut out,
             "relay_pending_deliveries",

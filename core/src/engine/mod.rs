@@ -523,9 +523,11 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
 
     /// What the engine counted since it started, and the pending deliveries per destination.
     pub fn metrics(&mut self) -> Result<metrics::Metrics, StorageError> {
+        let (pending, destinations) = context::pending_by_destination(&mut self.store)?;
         Ok(metrics::Metrics {
             counters: self.counters.clone(),
-            pending: context::pending_by_destination(&mut self.store)?,
+            pending,
+            destinations,
         })
     }
 
