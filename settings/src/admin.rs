@@ -74,6 +74,25 @@ pub enum AdminCommand {
         /// The destination relay's id.
         destination: String,
     },
+    /// List the entries ticks set aside (quarantined), a page at a time.
+    Quarantine {
+        /// Start after this id (a previous page's `next`).
+        #[arg(long)]
+        after: Option<String>,
+        /// At most this many (1 to 1000; default 100).
+        #[arg(long)]
+        limit: Option<u64>,
+    },
+    /// Forget the quarantined entry ID for good.
+    QuarantineDrop {
+        /// The entry's id, as `admin quarantine` lists it.
+        id: String,
+    },
+    /// Give the quarantined entry ID back to the tick (after fixing its cause).
+    QuarantineRequeue {
+        /// The entry's id, as `admin quarantine` lists it.
+        id: String,
+    },
     /// Make one waiting delivery due now: the message MESSAGE_ID sent by account FROM.
     RetryDelivery {
         /// The sender's account id.
@@ -210,6 +229,18 @@ impl Admin {
                     params.insert("paused", true);
                 }
                 "destinations"
+            }
+            AdminCommand::Quarantine { after, limit } => {
+                page(&mut params, after, *limit);
+                "quarantine"
+            }
+            AdminCommand::QuarantineDrop { id } => {
+                params.insert("id", id.as_str());
+                "quarantine.drop"
+            }
+            AdminCommand::QuarantineRequeue { id } => {
+                params.insert("id", id.as_str());
+                "quarantine.requeue"
             }
             AdminCommand::Pause { destination } => {
                 params.insert("destination", destination.as_str());

@@ -307,6 +307,25 @@ fn admin_commands_make_the_call_the_relay_expects() {
             &br#"{"from":"ACC","message_id":"MID"}"#[..]
         )
     );
+    for (verb, method, body) in [
+        ("quarantine-drop", "quarantine.drop", r#"{"id":"ZHVl"}"#),
+        (
+            "quarantine-requeue",
+            "quarantine.requeue",
+            r#"{"id":"ZHVl"}"#,
+        ),
+    ] {
+        let c = admin(&["admin", "--admin-url", "http://h:1", verb, "ZHVl"])
+            .call(files, Path::new("/"))
+            .unwrap();
+        assert_eq!(
+            (c.url, c.body),
+            (
+                format!("http://h:1/admin/v1/{method}?shard=0"),
+                body.as_bytes().to_vec()
+            )
+        );
+    }
     for (verb, method) in [
         ("pause", "destination.pause"),
         ("resume", "destination.resume"),

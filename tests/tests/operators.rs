@@ -700,3 +700,72 @@ fn code_of_status(v: &Value) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+#[test]
+fn a_quarantined_entry_is_listed_requeued_and_dropped_one_by_one() {
+    use relay_core::engine::Storage;
+    let (mut w, a, _, _, alice, bob, _) = slow_retries();
+    let m = w.message(&alice, 0, &bob, "goes bad", &Msg::default());
+    w.send(&alice, 0, &m).result.unwrap();
+    for req in w.take_outbox() {
+        w.outcome(a, &req.task, req.attempt, Outcome::NotAttempted);
+    }
+    // Its task record goes bad in storage: the tick sets its entry aside.
+    let bad = format!("task/{}.{}", alice.id(), message_id(&m));
+    w.nodes[a]
+        .store
+        .commit(vec![(bad.into_bytes(), Some(b"{not a task".to_vec()))])
+        .unwrap();
+    w.advance_without_network(10 * 60_000);
+    let list = |w: &mut World| every(w, a, "admin.quarantine", Object::new(), "quarantined", 10);
+    let q = list(&mut w);
+    assert_eq!(q.len(), 1, "{q:?}");
+    let id = text_of(&q[0], "id").unwrap().to_string();
+    assert!(text_of(&q[0], "entry").is_some_and(|e| e.starts_with("due/")));
+    let mut p = Object::new();
+    p.insert("id", id.as_str());
+    // Requeued unrepaired: the tick takes it again and sets it aside again.
+    let r = w
+        .call(a, &Caller::Operator, "admin.quarantine.requeue", &p)
+        .result
+        .unwrap();
+    assert_eq!(field(&r, "requeued"), Some(&Value::Bool(true)));
+    assert!(list(&mut w).is_empty(), "requeued, no longer set aside");
+    w.tick(a);
+    let again = list(&mut w);
+    assert_eq!(again.len(), 1, "set aside again: {again:?}");
+    let id = text_of(&again[0], "id").unwrap().to_string();
+    // Dropped: gone for good, and counted.
+    let mut p = Object::new();
+    p.insert("id", id.as_str());
+    let r = w
+        .call(a, &Caller::Operator, "admin.quarantine.drop", &p)
+        .result
+        .unwrap();
+    assert_eq!(field(&r, "dropped"), Some(&Value::Bool(true)));
+    assert!(list(&mut w).is_empty());
+    w.tick(a);
+    assert!(list(&mut w).is_empty(), "a dropped entry came back");
+    let text = w.nodes[a].engine.metrics().unwrap().to_prometheus();
+    for line in [
+        "relay_quarantined_entries 0\n",
+        "relay_operator_actions_total{action=\"quarantine.drop\"} 1\n",
+        "relay_operator_actions_total{action=\"quarantine.requeue\"} 1\n",
+    ] {
+        assert!(text.contains(line), "no {line:?} in\n{text}");
+    }
+    // Gone, a bad id, and not for clients.
+    let r = w.call(a, &Caller::Operator, "admin.quarantine.drop", &p);
+    assert_eq!(code_of(&r), "not_found");
+    let mut bad = Object::new();
+    bad.insert("id", "***");
+    let r = w.call(a, &Caller::Operator, "admin.quarantine.requeue", &bad);
+    assert_eq!(code_of(&r), "invalid_params");
+    let r = w.call(
+        a,
+        &World::session(&alice, 0),
+        "admin.quarantine",
+        &Object::new(),
+    );
+    assert_eq!(code_of(&r), "permission_denied");
+}

@@ -425,4 +425,93 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         Ok(Value::Object(out))
     }
+
+    /// `admin.quarantine` (operator): `{after?, limit?}`, the entries ticks set aside, in
+    /// key order, each with its `id` (base64url of the entry's key, what `drop` and
+    /// `requeue` take), the entry as text, the error that set it aside and when.
+    pub(crate) fn admin_quarantine(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
+        if *caller != Caller::Operator {
+            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
+        }
+        let f = Fields::new(&p);
+        let limit = page_limit(&f, DESTINATIONS_PAGE)?;
+        let prefix = k::quarantine_prefix();
+        let start = match f.opt_str("after")? {
+            None => prefix.clone(),
+            Some(id) => just_after(k::quarantine(&quarantine_entry(id)?)),
+        };
+        let rows = self.txn.scan(&start, &k::prefix_end(&prefix), limit)?;
+        let mut list = Vec::new();
+        let mut last = None;
+        for (key, v) in &rows {
+            let entry = &key[prefix.len()..];
+            let id = crate::wire::base64url::encode(entry);
+            let mut o = match crate::wire::json::parse(v) {
+                Ok(Value::Object(o)) => o,
+                _ => Object::new(),
+            };
+            o.insert("id", id.as_str());
+            list.push(Value::Object(o));
+            last = Some(id);
+        }
+        let mut out = Object::new();
+        out.insert("quarantined", Value::Array(list));
+        if rows.len() == limit {
+            if let Some(id) = last {
+                out.insert("next", id);
+            }
+        }
+        Ok(Value::Object(out))
+    }
+
+    /// `admin.quarantine.drop` and `admin.quarantine.requeue` (operator): `{id}`. Drop
+    /// forgets a set-aside entry for good. Requeue gives it back to the tick as it was
+    /// (every tick entry is a key with an empty value), which processes it again: once the
+    /// cause is fixed it goes through, else it is set aside again.
+    pub(crate) fn admin_quarantine_act(
+        &mut self,
+        caller: &Caller,
+        p: Object,
+        requeue: bool,
+    ) -> Result<Value, Error> {
+        if *caller != Caller::Operator {
+            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
+        }
+        let f = Fields::new(&p);
+        let id = f.str("id")?;
+        let entry = quarantine_entry(id)?;
+        let key = k::quarantine(&entry);
+        if self.txn.get_raw(&key)?.is_none() {
+            return Err(Error::new(ErrorCode::NotFound, "no such quarantined entry"));
+        }
+        self.txn.delete(key);
+        if requeue {
+            self.txn.put_raw(entry, Vec::new());
+            self.rescheduled = true;
+        }
+        self.operator_action(
+            if requeue {
+                "quarantine.requeue"
+            } else {
+                "quarantine.drop"
+            },
+            true,
+        );
+        let mut out = Object::new();
+        out.insert("id", id);
+        out.insert(if requeue { "requeued" } else { "dropped" }, true);
+        Ok(Value::Object(out))
+    }
+}
+
+/// The entry key a quarantine `id` names.
+fn quarantine_entry(id: &str) -> Result<Vec<u8>, Error> {
+    crate::wire::base64url::decode(id)
+        .filter(|e| !e.is_empty())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorCode::InvalidParams,
+                "`id` must be the id of a quarantined entry",
+            )
+        })
 }

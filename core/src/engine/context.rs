@@ -143,6 +143,9 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             "admin.delivery.retry" => self.admin_delivery_retry(caller, p),
             "admin.destination.pause" => self.admin_destination_hold(caller, p, true),
             "admin.destination.resume" => self.admin_destination_hold(caller, p, false),
+            "admin.quarantine" => self.admin_quarantine(caller, p),
+            "admin.quarantine.drop" => self.admin_quarantine_act(caller, p, false),
+            "admin.quarantine.requeue" => self.admin_quarantine_act(caller, p, true),
             _ => Err(Error::new(
                 ErrorCode::NotFound,
                 format!("unknown method {method:?}"),

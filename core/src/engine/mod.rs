@@ -151,7 +151,7 @@ pub fn error_body(e: &Error) -> Value {
 }
 
 /// Every method the engine dispatches (protocol.md §4 and `admin.*`), in dispatch order.
-pub const METHODS: [&str; 19] = [
+pub const METHODS: [&str; 22] = [
     "session.open",
     "account.register",
     "account.update",
@@ -171,6 +171,9 @@ pub const METHODS: [&str; 19] = [
     "admin.delivery.retry",
     "admin.destination.pause",
     "admin.destination.resume",
+    "admin.quarantine",
+    "admin.quarantine.drop",
+    "admin.quarantine.requeue",
 ];
 
 /// A method name as a metrics label: a method of [`METHODS`], or `other` (names come from callers).

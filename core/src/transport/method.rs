@@ -44,6 +44,12 @@ pub enum Method {
     AdminDestinationPause,
     /// `admin.destination.resume`: a paused destination's deliveries go again.
     AdminDestinationResume,
+    /// `admin.quarantine`: the entries ticks set aside, a page at a time.
+    AdminQuarantine,
+    /// `admin.quarantine.drop`: forget one set-aside entry.
+    AdminQuarantineDrop,
+    /// `admin.quarantine.requeue`: give one set-aside entry back to the tick.
+    AdminQuarantineRequeue,
 }
 
 /// The door a call came through; each door reaches its own set of methods.
@@ -59,7 +65,7 @@ pub enum Door {
 
 impl Method {
     /// Every method, in the engine's dispatch order.
-    pub const ALL: [Method; 19] = [
+    pub const ALL: [Method; 22] = [
         Method::SessionOpen,
         Method::AccountRegister,
         Method::AccountUpdate,
@@ -79,6 +85,9 @@ impl Method {
         Method::AdminDeliveryRetry,
         Method::AdminDestinationPause,
         Method::AdminDestinationResume,
+        Method::AdminQuarantine,
+        Method::AdminQuarantineDrop,
+        Method::AdminQuarantineRequeue,
     ];
 
     /// The method's name on the wire.
@@ -103,6 +112,9 @@ impl Method {
             Method::AdminDeliveryRetry => "admin.delivery.retry",
             Method::AdminDestinationPause => "admin.destination.pause",
             Method::AdminDestinationResume => "admin.destination.resume",
+            Method::AdminQuarantine => "admin.quarantine",
+            Method::AdminQuarantineDrop => "admin.quarantine.drop",
+            Method::AdminQuarantineRequeue => "admin.quarantine.requeue",
         }
     }
 
@@ -139,6 +151,9 @@ impl Method {
                 | Method::AdminDeliveryRetry
                 | Method::AdminDestinationPause
                 | Method::AdminDestinationResume
+                | Method::AdminQuarantine
+                | Method::AdminQuarantineDrop
+                | Method::AdminQuarantineRequeue
         )
     }
 
