@@ -340,3 +340,70 @@ async fn health_on_both_listeners_and_the_admin_api_only_on_the_admin_listener_w
     }
     a.stop().await;
 }
+
+/// Every metric name an expression of `v` (a JSON document, walked whole) mentions:
+/// identifiers starting `relay_` in any string under an `expr` key.
+fn metric_names(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(o) => {
+            for (k, x) in o {
+                if let (true, serde_json::Value::String(expr)) = (k == "expr", x) {
+                    let mut rest = expr.as_str();
+                    while let Some(i) = rest.find("relay_") {
+                        let name: String = rest[i..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        rest = &rest[i + name.len()..];
+                        out.insert(name);
+                    }
+                }
+                metric_names(x, out);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| metric_names(x, out)),
+        _ => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_alert_rules_and_the_dashboard_name_only_metrics_a_live_relay_exposes() {
+    let a = relay(|_| {}).await;
+    let c = Client::new(2103);
+    let (s, text) = get(&c, &format!("{}/metrics", a.admin_url)).await;
+    assert_eq!(s, 200);
+    let families: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/monitoring");
+    for file in ["relay-alerts.json", "relay-dashboard.json"] {
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(docs.join(file)).expect(file)).expect(file);
+        let mut names = std::collections::BTreeSet::new();
+        metric_names(&doc, &mut names);
+        assert!(names.len() >= 5, "{file} names {names:?}");
+        for name in &names {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|base| families.contains(base))
+                .unwrap_or(name);
+            assert!(
+                families.contains(family),
+                "{file} names {name}, which /metrics does not expose"
+            );
+        }
+    }
+    // The alert file is Prometheus' rule format: groups of rules, each alert with an expr.
+    let alerts: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(docs.join("relay-alerts.json")).unwrap()).unwrap();
+    for rule in alerts["groups"][0]["rules"].as_array().expect("rules") {
+        assert!(
+            rule["alert"].is_string() && rule["expr"].is_string(),
+            "{rule}"
+        );
+    }
+    a.stop().await;
+}
