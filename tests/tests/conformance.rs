@@ -871,11 +871,13 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
     let (s, v) = d.c.send(&d.alice, &p);
     assert_eq!(s, 200, "{v:?}");
     let dest = d.b.relay.id();
+    // A sharded relay's destinations and deliveries are per shard: ask alice's.
+    let alice_id = d.alice.id();
     let row = |c: &Client, failing: bool| {
         let mut q = Object::new();
         q.insert("failing", failing);
         q.insert("limit", 10u64);
-        let (s, v) = c.admin(&d.a.relay, "destinations", &q);
+        let (s, v) = c.admin_for(&d.a.relay, &alice_id, "destinations", &q);
         assert_eq!(s, 200, "admin.destinations: {v:?}");
         field(&v, "destinations")
             .and_then(relay_tests::array)
@@ -905,7 +907,8 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
     // Retry now, through the admin listener of each host (a dotted operator method).
     let mut q = Object::new();
     q.insert("destination", dest.as_str());
-    let (s, v) = d.c.admin(&d.a.relay, "destination.retry", &q);
+    let (s, v) =
+        d.c.admin_for(&d.a.relay, &alice_id, "destination.retry", &q);
     assert_eq!(s, 200, "admin.destination.retry: {v:?}");
     assert!(
         u64_of(&v, "brought_forward").is_some_and(|n| n <= 1),
@@ -917,7 +920,7 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
     let mut q = Object::new();
     q.insert("from", d.alice.id().as_str());
     q.insert("message_id", message_id(&p).as_str());
-    let (s, v) = d.c.admin(&d.a.relay, "delivery.retry", &q);
+    let (s, v) = d.c.admin_for(&d.a.relay, &alice_id, "delivery.retry", &q);
     assert_eq!((s, code_of(&v).as_str()), (409, "state_conflict"), "{v:?}");
     let back = row(&d.c, false).expect("the destination is still listed");
     assert_eq!(u64_of(&back, "consecutive_failures"), Some(0), "{back:?}");
@@ -928,7 +931,8 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
     // Paused: a message is accepted but not attempted, until resumed.
     let mut q = Object::new();
     q.insert("destination", dest.as_str());
-    let (s, v) = d.c.admin(&d.a.relay, "destination.pause", &q);
+    let (s, v) =
+        d.c.admin_for(&d.a.relay, &alice_id, "destination.pause", &q);
     assert_eq!(s, 200, "admin.destination.pause: {v:?}");
     let held = d.c.message(&d.alice, &d.bob, "held", &Msg::default());
     let (s, v) = d.c.send(&d.alice, &held);
@@ -940,12 +944,13 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
     );
     let mut pq = Object::new();
     pq.insert("paused", true);
-    let (_, v) = d.c.admin(&d.a.relay, "destinations", &pq);
+    let (_, v) = d.c.admin_for(&d.a.relay, &alice_id, "destinations", &pq);
     let paused = field(&v, "destinations")
         .and_then(relay_tests::array)
         .unwrap_or_default();
     assert_eq!(paused.len(), 1, "{v:?}");
-    let (s, v) = d.c.admin(&d.a.relay, "destination.resume", &q);
+    let (s, v) =
+        d.c.admin_for(&d.a.relay, &alice_id, "destination.resume", &q);
     assert_eq!((s, u64_of(&v, "started")), (200, Some(1)), "{v:?}");
     let st = d.c.wait_terminal(&d.alice, &message_id(&held), WAIT);
     assert_eq!(status_of(&st), "target_accepted", "{st:?}");

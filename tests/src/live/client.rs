@@ -393,6 +393,23 @@ impl Client {
             .collect()
     }
 
+    /// An operator call (`admin.*`) to the shard of `account` (a relay of one shard: the
+    /// relay), whose deliveries and destinations are that shard's.
+    pub fn admin_for(
+        &self,
+        relay: &Relay,
+        account: &str,
+        method: &str,
+        p: &Object,
+    ) -> (u16, Value) {
+        let k = relay_core::engine::shard::Shard::of_account(account, relay.shards());
+        self.http.post(
+            &format!("{}/admin/v1/{method}?shard={k}", relay.admin_api()),
+            Some(&relay.admin_token()),
+            &canonical::object_to_vec(p),
+        )
+    }
+
     /// An operator call (`admin.*`) with the relay's token, on its admin listener.
     pub fn admin(&self, relay: &Relay, method: &str, p: &Object) -> (u16, Value) {
         self.http.post(

@@ -257,6 +257,22 @@ impl Relay {
         }
     }
 
+    /// Its shard count: `--shards N` among its flags, else `RELAY_SHARDS` for the hosts
+    /// that shard (as the command line it runs with is made), else 1.
+    pub fn shards(&self) -> u32 {
+        let flag = self
+            .opts
+            .flags
+            .iter()
+            .position(|f| f == "--shards")
+            .and_then(|i| self.opts.flags.get(i + 1))
+            .and_then(|n| n.parse().ok());
+        let env = matches!(self.kind, Kind::Wasmtime | Kind::Edge)
+            .then(|| std::env::var("RELAY_SHARDS").ok()?.parse().ok())
+            .flatten();
+        flag.or(env).unwrap_or(1)
+    }
+
     /// The operator token it keeps in its data directory.
     pub fn admin_token(&self) -> String {
         // Both hosts keep the token's bytes as base64url text; the bearer is that text.
