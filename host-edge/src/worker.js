@@ -428,13 +428,12 @@ export class RelayShard extends DurableObject {
         return out;
       });
     } catch (e) {
-      if (e instanceof WebAssembly.RuntimeError) {
-        console.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
-        this.core.__destroy_into_raw?.();
-        this.core = null;
-        reset();
-      } else console.error(`core call rolled back: ${e?.message ?? e}`);
-      this.#failed();
+      // A trap replaces the instance (as in a group); a failed commit only rolls back.
+      if (e instanceof WebAssembly.RuntimeError) this.#trapped(e);
+      else {
+        console.error(`core call rolled back: ${e?.message ?? e}`);
+        this.#failed();
+      }
       return fallback;
     }
   }

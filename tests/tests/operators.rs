@@ -6,10 +6,23 @@ use relay_core::wire::json::{Object, Value};
 use relay_tests::*;
 
 fn setup(cap: u32) -> (World, usize, usize, usize, Account, Account, Account) {
-    let mut w = World::new(61);
+    trio(61, Some(cap), 1_000)
+}
+
+/// A relay `a` (seed `seed`) with accounts at a `dead` and a `live` peer: alice at `a`, bob
+/// at `dead`, carol at `live`, both routes published at `a`; retries wait `retry_initial` at
+/// least, and `cap` attempts may be in flight per destination (default when `None`).
+fn trio(
+    seed: u64,
+    cap: Option<u32>,
+    retry_initial: u64,
+) -> (World, usize, usize, usize, Account, Account, Account) {
+    let mut w = World::new(seed);
     let tune = move |c: &mut relay_core::engine::Config| {
-        c.max_in_flight_per_destination = cap;
-        c.policies.retry_initial = 1_000;
+        if let Some(cap) = cap {
+            c.max_in_flight_per_destination = cap;
+        }
+        c.policies.retry_initial = retry_initial;
         c.policies.retry_max = 600_000;
         c.policies.send_rate = 0;
     };
@@ -449,23 +462,9 @@ fn operator_listings_refuse_bad_cursors_and_limits_and_are_not_for_clients() {
     assert_eq!(code_of(&r), "invalid_params");
 }
 
-/// A relay `a` whose retries wait a minute at least, with accounts at a dead and a live peer.
+/// The trio with retries that wait a minute at least.
 fn slow_retries() -> (World, usize, usize, usize, Account, Account, Account) {
-    let mut w = World::new(63);
-    let tune = |c: &mut relay_core::engine::Config| {
-        c.policies.retry_initial = 60_000;
-        c.policies.retry_max = 600_000;
-        c.policies.send_rate = 0;
-    };
-    let a = w.relay_with("a", tune);
-    let dead = w.relay_with("dead", tune);
-    let live = w.relay_with("live", tune);
-    let alice = w.account(a, 1, true);
-    let bob = w.account(dead, 1, true);
-    let carol = w.account(live, 1, true);
-    w.publish_route(a, &bob);
-    w.publish_route(a, &carol);
-    (w, a, dead, live, alice, bob, carol)
+    trio(63, None, 60_000)
 }
 
 fn retry(w: &mut World, a: usize, method: &str, p: &Object) -> relay_core::engine::Response {

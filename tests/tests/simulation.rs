@@ -1991,17 +1991,14 @@ impl Sim {
         }
     }
 
-    /// The operator of a random node pauses one of its destinations, and resumes it 10 s to
-    /// 3 min later (a peer being migrated). Deadlines run on: what is held past one fails.
-    fn operator_pause(&mut self) {
-        let n = self.ops_rng.gen_range(0..self.w.nodes.len());
+    /// One of node `n`'s destinations, drawn at random from its operator's first page of
+    /// `admin.destinations` (none when it has none, or the call met a storage fault).
+    fn some_destination(&mut self, n: usize) -> Option<String> {
         let mut p = Object::new();
         p.insert("limit", 50u64);
         let bytes = canonical::object_to_vec(&p);
         let (r, _, _) = self.call_op(n, &Caller::Operator, "admin.destinations", &bytes);
-        let Ok(v) = r.result else {
-            return;
-        };
+        let v = r.result.ok()?;
         let dests: Vec<String> = field(&v, "destinations")
             .and_then(array)
             .unwrap_or_default()
@@ -2010,9 +2007,18 @@ impl Sim {
             .map(str::to_string)
             .collect();
         if dests.is_empty() {
-            return;
+            return None;
         }
-        let d = dests[self.ops_rng.gen_range(0..dests.len())].clone();
+        Some(dests[self.ops_rng.gen_range(0..dests.len())].clone())
+    }
+
+    /// The operator of a random node pauses one of its destinations, and resumes it 10 s to
+    /// 3 min later (a peer being migrated). Deadlines run on: what is held past one fails.
+    fn operator_pause(&mut self) {
+        let n = self.ops_rng.gen_range(0..self.w.nodes.len());
+        let Some(d) = self.some_destination(n) else {
+            return;
+        };
         self.operator_hold(n, &d, "admin.destination.pause");
         let at = self.w.now + self.ops_rng.gen_range(10 * SEC..3 * MIN);
         self.schedule(
@@ -2058,24 +2064,9 @@ impl Sim {
     fn operator_retry(&mut self) {
         let n = self.ops_rng.gen_range(0..self.w.nodes.len());
         if self.ops_rng.gen_bool(0.5) {
-            let mut p = Object::new();
-            p.insert("limit", 50u64);
-            let bytes = canonical::object_to_vec(&p);
-            let (r, _, _) = self.call_op(n, &Caller::Operator, "admin.destinations", &bytes);
-            let Ok(v) = r.result else {
+            let Some(d) = self.some_destination(n) else {
                 return;
             };
-            let dests: Vec<String> = field(&v, "destinations")
-                .and_then(array)
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|d| field(d, "destination").and_then(Value::as_str))
-                .map(str::to_string)
-                .collect();
-            if dests.is_empty() {
-                return;
-            }
-            let d = dests[self.ops_rng.gen_range(0..dests.len())].clone();
             let mut p = Object::new();
             p.insert("destination", d.as_str());
             let bytes = canonical::object_to_vec(&p);

@@ -7,7 +7,7 @@ use super::context::Ctx;
 use super::keyspace as k;
 use super::records::{PeerRec, SendRec, TaskRec, TaskState};
 use super::storage::Storage;
-use super::{Caller, Entropy};
+use super::Entropy;
 use crate::wire::field::Fields;
 use crate::wire::json::{Object, Value};
 use crate::{Error, ErrorCode};
@@ -45,10 +45,7 @@ fn just_after(mut key: Vec<u8>) -> Vec<u8> {
 
 impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// `admin.deliveries` (operator): `{destination?, state?: "pending" | "failed"}`.
-    pub(crate) fn admin_deliveries(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
-        if *caller != Caller::Operator {
-            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
-        }
+    pub(crate) fn admin_deliveries(&mut self, p: Object) -> Result<Value, Error> {
         let f = Fields::new(&p);
         let want = f.opt_str("state")?;
         if want.is_some_and(|s| s != "pending" && s != "failed") {
@@ -157,14 +154,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// operator paused. Read from each destination's
     /// own record (its counters are kept as deliveries start and end), never from its
     /// deliveries.
-    pub(crate) fn admin_destinations(
-        &mut self,
-        caller: &Caller,
-        p: Object,
-    ) -> Result<Value, Error> {
-        if *caller != Caller::Operator {
-            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
-        }
+    pub(crate) fn admin_destinations(&mut self, p: Object) -> Result<Value, Error> {
         let f = Fields::new(&p);
         let limit = page_limit(&f, DESTINATIONS_PAGE)?;
         let failing = f.opt_bool("failing")?.unwrap_or(false);
@@ -241,22 +231,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// comes back: no earlier than a `retry_after` it asked for, never after the deadline. A
     /// delivery in flight or waiting for a slot is left as it is. At most [`RETRY_BATCH`] per
     /// call; `next` (as `after`) continues.
-    pub(crate) fn admin_destination_retry(
-        &mut self,
-        caller: &Caller,
-        p: Object,
-    ) -> Result<Value, Error> {
-        if *caller != Caller::Operator {
-            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
-        }
+    pub(crate) fn admin_destination_retry(&mut self, p: Object) -> Result<Value, Error> {
         let f = Fields::new(&p);
         let dest = f.str("destination")?;
-        if self.txn.get_raw(&k::destination(dest))?.is_none() {
-            return Err(Error::new(
-                ErrorCode::NotFound,
-                "this relay has never delivered to that destination",
-            ));
-        }
+        self.known_destination(dest)?;
         let prefix = k::destination_tasks(dest);
         let start = match f.opt_str("after")? {
             Some(task) if !task.is_empty() => just_after(k::by_destination(dest, task)),
@@ -304,14 +282,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// if it waits for its next attempt (no earlier than a `retry_after`, never after the
     /// deadline); in flight or waiting for a slot it stays. A delivery that ended is
     /// `state_conflict` (its result never changes), one this relay never accepted `not_found`.
-    pub(crate) fn admin_delivery_retry(
-        &mut self,
-        caller: &Caller,
-        p: Object,
-    ) -> Result<Value, Error> {
-        if *caller != Caller::Operator {
-            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
-        }
+    pub(crate) fn admin_delivery_retry(&mut self, p: Object) -> Result<Value, Error> {
         let f = Fields::new(&p);
         let (from, id) = (f.str("from")?, f.random_id("message_id")?);
         let task = super::send::task_id(from, &id);
@@ -337,6 +308,18 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         out.insert("phase", phase);
         out.insert("brought_forward", moved);
         Ok(Value::Object(out))
+    }
+
+    /// The record of a destination this relay has delivered to; `not_found` for any other.
+    fn known_destination(&mut self, dest: &str) -> Result<PeerRec, Error> {
+        self.txn
+            .get::<PeerRec>(&k::destination(dest))?
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorCode::NotFound,
+                    "this relay has never delivered to that destination",
+                )
+            })
     }
 
     /// Counts an operator action that changed something (`relay_operator_actions_total`).
@@ -377,21 +360,12 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// survives restarts. Answers the destination's state after the call.
     pub(crate) fn admin_destination_hold(
         &mut self,
-        caller: &Caller,
         p: Object,
         paused: bool,
     ) -> Result<Value, Error> {
-        if *caller != Caller::Operator {
-            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
-        }
         let f = Fields::new(&p);
         let dest = f.str("destination")?;
-        let Some(mut peer) = self.txn.get::<PeerRec>(&k::destination(dest))? else {
-            return Err(Error::new(
-                ErrorCode::NotFound,
-                "this relay has never delivered to that destination",
-            ));
-        };
+        let mut peer = self.known_destination(dest)?;
         let changed = peer.paused != paused;
         peer.paused = paused;
         self.save_peer(dest, &peer);
@@ -429,10 +403,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// `admin.quarantine` (operator): `{after?, limit?}`, the entries ticks set aside, in
     /// key order, each with its `id` (base64url of the entry's key, what `drop` and
     /// `requeue` take), the entry as text, the error that set it aside and when.
-    pub(crate) fn admin_quarantine(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
-        if *caller != Caller::Operator {
-            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
-        }
+    pub(crate) fn admin_quarantine(&mut self, p: Object) -> Result<Value, Error> {
         let f = Fields::new(&p);
         let limit = page_limit(&f, DESTINATIONS_PAGE)?;
         let prefix = k::quarantine_prefix();
@@ -470,13 +441,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// cause is fixed it goes through, else it is set aside again.
     pub(crate) fn admin_quarantine_act(
         &mut self,
-        caller: &Caller,
         p: Object,
         requeue: bool,
     ) -> Result<Value, Error> {
-        if *caller != Caller::Operator {
-            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
-        }
         let f = Fields::new(&p);
         let id = f.str("id")?;
         let entry = quarantine_entry(id)?;

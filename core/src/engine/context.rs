@@ -123,6 +123,11 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             let rate = self.cfg.policies.anonymous_rate;
             self.limiter.take("address", origin, rate, self.now)?;
         }
+        // The operator's methods, one gate for all (the transports reach them only through
+        // the admin listener; an in-process caller is checked here).
+        if method.starts_with("admin.") && *caller != Caller::Operator {
+            return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
+        }
         match method {
             "session.open" => self.session_open(p),
             "account.register" => self.account_register(caller, p),
@@ -137,15 +142,15 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             "message.deliver" => self.message_deliver(caller, p),
             "message.delivery.status" => self.delivery_status(caller, p),
             "message.timeline.sync" => self.timeline_sync(caller, p),
-            "admin.deliveries" => self.admin_deliveries(caller, p),
-            "admin.destinations" => self.admin_destinations(caller, p),
-            "admin.destination.retry" => self.admin_destination_retry(caller, p),
-            "admin.delivery.retry" => self.admin_delivery_retry(caller, p),
-            "admin.destination.pause" => self.admin_destination_hold(caller, p, true),
-            "admin.destination.resume" => self.admin_destination_hold(caller, p, false),
-            "admin.quarantine" => self.admin_quarantine(caller, p),
-            "admin.quarantine.drop" => self.admin_quarantine_act(caller, p, false),
-            "admin.quarantine.requeue" => self.admin_quarantine_act(caller, p, true),
+            "admin.deliveries" => self.admin_deliveries(p),
+            "admin.destinations" => self.admin_destinations(p),
+            "admin.destination.retry" => self.admin_destination_retry(p),
+            "admin.delivery.retry" => self.admin_delivery_retry(p),
+            "admin.destination.pause" => self.admin_destination_hold(p, true),
+            "admin.destination.resume" => self.admin_destination_hold(p, false),
+            "admin.quarantine" => self.admin_quarantine(p),
+            "admin.quarantine.drop" => self.admin_quarantine_act(p, false),
+            "admin.quarantine.requeue" => self.admin_quarantine_act(p, true),
             _ => Err(Error::new(
                 ErrorCode::NotFound,
                 format!("unknown method {method:?}"),

@@ -251,14 +251,9 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                 return Step::Respond(Response::fail(ErrorCode::NotFound, "no such endpoint"))
             }
         };
-        // The body is judged by the strict parser before anything else looks at the call,
-        // within the size limit first; the call then takes the parsed params (parsed once).
-        if let Some(e) = self.engine.too_large(req.body.len()) {
-            return Step::Respond(Response::error(&e));
-        }
-        let params = match json::parse_object(&req.body) {
+        let params = match self.params(&req.body) {
             Ok(p) => p,
-            Err(e) => return Step::Respond(Response::error(&e.into())),
+            Err(r) => return Step::Respond(r),
         };
         match door {
             Door::Client => match Method::through(name, door) {
@@ -274,6 +269,15 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             Door::Relay => self.relay_call(req, name, params, last, now),
             Door::Operator => self.operator_call(req, name, params, now),
         }
+    }
+
+    /// A call's body as its params: judged by the strict parser before anything else looks
+    /// at the call, within the size limit first (the call then takes them parsed once).
+    fn params(&self, body: &[u8]) -> Result<Object, Response> {
+        if let Some(e) = self.engine.too_large(body.len()) {
+            return Err(Response::error(&e));
+        }
+        json::parse_object(body).map_err(|e| Response::error(&e.into()))
     }
 
     fn is_operator(&self, req: &Request) -> bool {
@@ -427,12 +431,9 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                 )
             }
         };
-        if let Some(e) = self.engine.too_large(body.len()) {
-            return Response::error(&e);
-        }
-        let params = match json::parse_object(body) {
+        let params = match self.params(body) {
             Ok(p) => p,
-            Err(e) => return Response::error(&e.into()),
+            Err(r) => return r,
         };
         let r = self.engine.call_parsed(
             &Caller::Relay(own),
