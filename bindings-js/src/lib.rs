@@ -221,7 +221,7 @@ fn push_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-/// Events as a JSON array: `{"type": "send"|"wake"|"notify"|"close"|"accepted"|"delivery_ended"|"shard_call", ...}`.
+/// Events as a JSON array: `{"type": "send"|"wake"|"notify"|"close"|"accepted"|"delivery_ended"|"operator_action"|"shard_call", ...}`.
 fn events_json(events: &[Event], out: &mut Vec<u8>) {
     out.push(b'[');
     for (i, e) in events.iter().enumerate() {
@@ -311,6 +311,17 @@ fn events_json(events: &[Event], out: &mut Vec<u8>) {
                     None => push_str(out, "null"),
                 }
                 out.push(b'}');
+            }
+            Event::OperatorAction(a) => {
+                push_str(
+                    out,
+                    &format!(
+                        "{{\"type\":\"operator_action\",\"action\":\"{}\",\"subject\":",
+                        a.action
+                    ),
+                );
+                write_string(&a.subject, out);
+                push_str(out, &format!(",\"touched\":{}}}", a.touched));
             }
             Event::ShardCall { shard, path, body } => {
                 push_str(
@@ -683,12 +694,12 @@ impl RelayCore {
         Ok(serde_wasm_bindgen::to_value(&out)?)
     }
 
-    /// What the engine counted since this instance started, and the pending deliveries per
-    /// destination, in the Prometheus text exposition format (0.0.4); throws on a storage error.
-    pub fn metrics(&mut self) -> Result<String, JsValue> {
+    /// What the engine counted since this instance started, and its destinations' gauges at
+    /// `now`, in the Prometheus text exposition format (0.0.4); throws on a storage error.
+    pub fn metrics(&mut self, now: f64) -> Result<String, JsValue> {
         self.relay
             .engine()
-            .metrics()
+            .metrics(now as u64)
             .map(|m| m.to_prometheus())
             .map_err(|e| JsValue::from_str(&e.to_string()))
     }

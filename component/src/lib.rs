@@ -176,6 +176,11 @@ mod guest {
                     status: status.to_string(),
                     error_code,
                 }),
+                Event::OperatorAction(a) => t::Event::OperatorAction(t::OperatorAction {
+                    action: a.action.to_string(),
+                    subject: a.subject,
+                    touched: a.touched,
+                }),
                 Event::ShardCall { shard, path, body } => t::Event::ShardCall(t::ShardCall {
                     shard,
                     path: path.to_string(),
@@ -426,11 +431,11 @@ mod guest {
         fn well_known() -> Vec<u8> {
             with(|r| r.well_known(), Vec::new)
         }
-        fn metrics() -> Result<String, t::Error> {
+        fn metrics(now: u64) -> Result<String, t::Error> {
             with(
                 |r| {
                     r.engine()
-                        .metrics()
+                        .metrics(now)
                         .map(|m| m.to_prometheus())
                         .map_err(|e| t::Error::Storage(format!("reading the metrics: {e}")))
                 },

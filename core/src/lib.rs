@@ -82,6 +82,8 @@
 //!         Event::Notify { .. } | Event::Close { .. } => {}
 //!         // For the log: a message accepted, a delivery ended (ids only).
 //!         Event::Accepted(_) | Event::DeliveryEnded { .. } => {}
+//!         // The audit log: one line per operator action, always.
+//!         Event::OperatorAction(_) => {}
 //!         // A sharded relay only: hand it to that shard, drop the answer.
 //!         Event::ShardCall { .. } => {}
 //!     }

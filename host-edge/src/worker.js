@@ -452,7 +452,7 @@ export class RelayShard extends DurableObject {
     if (!this.#ensure()) return json(503, errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`));
     const admin = h.get(DOOR) === 'admin';
     if (admin && request.method === 'GET' && url.pathname === '/metrics') {
-      const m = this.#call((c) => c.metrics(), null);
+      const m = this.#call((c) => c.metrics(Date.now()), null);
       const why = () => RelayCore.notReady(false, true, false) + (this.broken ? `: ${this.broken}` : '');
       return m === null ? respond(stepOf(RelayCore.healthAnswer('ready', why()))) : text(200, m, RelayCore.metricsType());
     }
@@ -679,7 +679,10 @@ export class RelayShard extends DurableObject {
       // A call a sibling shard is handed whose answer nobody needs (a route shared with the shard of its account).
       else if (e.type === 'shard_call') this.ctx.waitUntil(this.#internal(e.shard, 'POST', e.path, '', encoder.encode(e.body)));
       else if (e.type === 'notify') for (const ws of this.ctx.getWebSockets(e.account)) trySend(ws, e.frame);
-      else if (e.type === 'close') {
+      // The audit trail: one JSON line per operator action, always (Workers Logs keeps console output).
+      else if (e.type === 'operator_action') {
+        console.log(JSON.stringify({ event: 'operator_action', who: 'admin listener', action: e.action, subject: e.subject, touched: e.touched }));
+      } else if (e.type === 'close') {
         for (const ws of this.ctx.getWebSockets(`${e.account} ${e.device_id}`)) {
           try {
             ws.close(e.code, e.reason);

@@ -28,11 +28,12 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 async function edge(port, data, flags = []) {
   const url = `http://127.0.0.1:${port}`;
   const proc = spawn(BIN, ['serve', '--listen', `127.0.0.1:${port}`, '--data', data, '--policy', 'retry_initial=200', '--policy', 'retry_max=1000', ...flags], {
-    stdio: ['ignore', 'ignore', 'pipe'],
+    stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, RELAY_LOG: 'warn' },
   });
   let err = '';
   proc.stderr.on('data', (d) => (err += d));
+  proc.stdout.on('data', (d) => (err += d));
   const exited = new Promise((resolve) => proc.once('exit', resolve));
   await eventually(async () => {
     if (proc.exitCode !== null) throw new Error(`relay-edge exited (${proc.exitCode}):\n${err}`);
@@ -324,6 +325,15 @@ test('a peer that refuses the connection is not attempted; one that answers afte
       return m.get('relay_delivery_attempts_total{outcome="not_attempted"}') >= 1 && m.get('relay_delivery_attempts_total{outcome="unknown"}') >= 1 ? m : null;
     });
     assert.ok(m.get('relay_delivery_attempts_total{outcome="not_attempted"}') >= 1);
+    // The audit trail on workerd: an operator action is one JSON line in the relay's log.
+    const token = fs.readFileSync(path.join(a.data, 'admin.token'), 'utf8').trim();
+    const admin = fs.readFileSync(path.join(a.data, 'admin.url'), 'utf8').trim();
+    const dest = `http://127.0.0.1:${refused}`;
+    const paused = await post(`${admin}/admin/v1/destination.pause`, { destination: dest }, token);
+    assert.equal(paused.status, 200, JSON.stringify(paused.body));
+    const line = await eventually(() => a.log().split('\n').find((l) => l.includes('"event":"operator_action"')));
+    const audit = JSON.parse(line.slice(line.indexOf('{')));
+    assert.deepEqual(audit, { event: 'operator_action', who: 'admin listener', action: 'destination.pause', subject: dest, touched: 1 });
   } finally {
     dropping.close();
     await a.kill();

@@ -7,7 +7,7 @@ import { createRelay } from './relay.js';
 import { serve, parseAddr } from './server.js';
 import { RelayThread } from './relay-thread.js';
 import { Log, messageOf } from './log.js';
-import { parseCommand } from '../pkg/relay_settings.js';
+import { parseCommand, renderAnswer } from '../pkg/relay_settings.js';
 
 /**
  * What `serve` is given: the settings of `relay serve` (camelCase), the policies as given.
@@ -21,7 +21,7 @@ import { parseCommand } from '../pkg/relay_settings.js';
  * crate, in a wasm module of its own): `{serve: settings}`, `{admin: call}` or `{print: text}`.
  * A line that cannot be taken throws, its message naming the flag or key and the usage.
  * @param {string[]} argv
- * @returns {{serve?: Settings, admin?: {method: string, url: string, authorization: string | null, body: string}, print?: string}}
+ * @returns {{serve?: Settings, admin?: {method: string, url: string, authorization: string | null, body: string, view: string}, print?: string}}
  */
 export function command(argv) {
   return JSON.parse(parseCommand('relay-node', argv, (file) => fs.readFileSync(file, 'utf8'), process.cwd()));
@@ -94,7 +94,7 @@ export function lastResort(log, state, exit = (code) => process.exit(code)) {
 
 /**
  * Makes an admin call (the request the shared definition built) and prints its answer.
- * @param {{method: string, url: string, authorization: string | null, body: string}} call
+ * @param {{method: string, url: string, authorization: string | null, body: string, view: string}} call
  * @returns {Promise<number>}
  */
 async function admin(call) {
@@ -102,7 +102,7 @@ async function admin(call) {
   const res = await fetch(call.url, call.method === 'GET' ? {} : { method: call.method, headers, body: call.body });
   const text = await res.text();
   if (res.ok) {
-    process.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
+    process.stdout.write(renderAnswer(call.view, text));
     return 0;
   }
   process.stderr.write(`relay-node admin: status ${res.status}: ${text}\n`);

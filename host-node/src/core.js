@@ -337,13 +337,13 @@ export class Core {
     return JSON.parse(this.guard((c) => c.tick(now), '{"events":[],"error":"the core trapped"}'));
   }
   /**
-   * The core's counters and pending deliveries in the Prometheus text format ('' when the
+   * The core's counters and destination gauges in the Prometheus text format ('' when the
    * instance trapped); throws an Error when the storage fails.
    * @returns {string}
    */
   metricsText() {
     try {
-      return this.guard((c) => c.metrics(), '');
+      return this.guard((c) => c.metrics(Date.now()), '');
     } catch (e) {
       if (typeof e === 'string') throw new Error(e);
       throw e;

@@ -241,6 +241,9 @@ export class Relay extends EventEmitter {
         this.log.event({ event: 'accepted', method: e.method, message_id: e.message_id, from: e.from, to: e.to, status: e.status });
       } else if (e.type === 'delivery_ended' && this.log.events) {
         this.log.event({ event: 'delivery_ended', message_id: e.message_id, from: e.from, to: e.to, status: e.status, error_code: e.error_code });
+      } else if (e.type === 'operator_action') {
+        // The audit trail: every operator action, whatever the event setting.
+        this.log.info('operator action', { event: 'operator_action', who: 'admin listener', action: e.action, subject: e.subject, touched: e.touched });
       }
     }
   }

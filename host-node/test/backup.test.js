@@ -110,7 +110,7 @@ test('a backup taken under load restores into a relay that holds every message a
   const file = path.join(dir, 'backup.sqlite');
   const began = performance.now();
   const before = answered.filter((x) => x.at < began).map((x) => x.id);
-  const { stdout } = await run(process.execPath, [BIN, 'admin', 'backup', '--data', da, file]);
+  const { stdout } = await run(process.execPath, [BIN, 'admin', 'backup', '--json', '--data', da, file]);
   assert.equal(JSON.parse(stdout).path, file);
   assert.equal(JSON.parse(stdout).bytes, fs.statSync(file).size);
   const duringOrAfter = answered.length - before.length;

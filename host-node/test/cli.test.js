@@ -45,10 +45,12 @@ test('relay-node admin: deliveries, backup and metrics make the calls relay admi
   fs.writeFileSync(path.join(dir, 'admin.url'), 'http://127.0.0.1:5/\n');
   fs.writeFileSync(path.join(dir, 'admin.token'), 'tok\n');
   assert.deepEqual(command(['admin', 'backup', '--data', dir, 'out.sqlite']).admin, {
-    method: 'POST', url: 'http://127.0.0.1:5/admin/v1/backup?shard=0', authorization: 'Bearer tok', body: JSON.stringify({ path: path.resolve('out.sqlite') }),
+    method: 'POST', url: 'http://127.0.0.1:5/admin/v1/backup?shard=0', authorization: 'Bearer tok', body: JSON.stringify({ path: path.resolve('out.sqlite') }), view: 'action',
   });
   assert.equal(command(['admin', '--data', dir, '--admin-url', 'http://127.0.0.1:6/', 'deliveries', 'failed']).admin.url, 'http://127.0.0.1:6/admin/v1/deliveries?shard=0');
-  assert.deepEqual(command(['admin', '--data', dir, 'metrics']).admin, { method: 'GET', url: 'http://127.0.0.1:5/metrics', authorization: null, body: '' });
+  assert.deepEqual(command(['admin', '--data', dir, 'metrics']).admin, { method: 'GET', url: 'http://127.0.0.1:5/metrics', authorization: null, body: '', view: 'raw' });
+  assert.equal(command(['admin', '--data', dir, 'destinations', '--failing']).admin.view, 'destinations');
+  assert.equal(command(['admin', '--data', dir, '--json', 'destinations']).admin.view, 'raw', '--json prints the answer as it came');
   for (const [bad, says] of [[['backup'], /Usage: relay-node admin backup/], [['deliveries', 'lost'], /possible values: pending, failed/], [['drop', 'everything'], /unrecognized subcommand 'drop'/]]) {
     assert.throws(() => command(['admin', '--data', dir, ...bad]), says);
   }

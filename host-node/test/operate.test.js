@@ -157,8 +157,10 @@ for (const mode of ['in-process', 'relay thread']) {
     assert.deepEqual(family(samples, 'relay_deliveries_failed_total'), { '{code="discovery_disabled"}': 1 });
     assert.deepEqual(family(samples, 'relay_rate_limited_total'), { '{method="message.send"}': 1 });
     assert.deepEqual(family(samples, 'relay_tick_entries_quarantined_total'), { '': 0 });
-    assert.deepEqual(family(samples, 'relay_pending_deliveries'), { [`{destination="${UNREACHABLE}"}`]: 1 });
-    assert.deepEqual(family(samples, 'relay_in_flight_attempts'), { [`{destination="${UNREACHABLE}"}`]: 0 });
+    // One pending, none out: per-destination detail is admin.destinations, not a label.
+    assert.deepEqual(family(samples, 'relay_deliveries_pending'), { '': 1 });
+    assert.deepEqual(family(samples, 'relay_in_flight_attempts'), { '': 0 });
+    assert.ok(samples.get('relay_oldest_pending_delivery_age_seconds') >= 0);
     // The host's own.
     assert.equal(samples.get('relay_open_websockets'), 1);
     assert.ok(samples.get('relay_open_connections') >= 1);
@@ -183,7 +185,8 @@ for (const mode of ['in-process', 'relay thread']) {
       ['relay_open_websockets', 'gauge'],
       ['relay_tick_duration_seconds', 'histogram'],
       ['relay_messages_accepted_total', 'counter'],
-      ['relay_pending_deliveries', 'gauge'],
+      ['relay_deliveries_pending', 'gauge'],
+      ['relay_oldest_pending_delivery_age_seconds', 'gauge'],
     ]) {
       assert.equal(types.get(name), type, name);
     }
@@ -355,9 +358,14 @@ test('relay-node serve --log-format json: every line is one JSON object', async 
   await eventually(() => out.includes('"event":"accepted"'));
   // The operator's CLI finds the admin listener through admin.url.
   const admin = (...args) => new Promise((resolve) => execFile(process.execPath, [BIN, 'admin', '--data', data, ...args], (e, stdout) => resolve({ code: e?.code ?? 0, stdout })));
-  const listed = await admin('deliveries', 'pending');
+  const listed = await admin('--json', 'deliveries', 'pending');
   assert.equal(listed.code, 0);
   assert.deepEqual(JSON.parse(listed.stdout).deliveries, []);
+  // Without --json, the table relay admin prints.
+  const table = await admin('deliveries', 'pending');
+  assert.equal(table.code, 0);
+  assert.match(table.stdout, /^DESTINATION +FROM +MESSAGE +STATE/);
+  assert.match(table.stdout, /^\(0 deliveries\)$/m);
   const scraped = await admin('metrics');
   assert.equal(scraped.code, 0);
   assert.match(scraped.stdout, /^relay_messages_accepted_total\{kind="self"\} 1$/m);
@@ -397,6 +405,37 @@ test('a tick entry the core sets aside is logged at warn and counted', async () 
   assert.equal(warn.code, 'internal');
   assert.match(await relay.metricsText(), /^relay_tick_entries_quarantined_total 1$/m);
   await relay.close();
+});
+
+test('every operator action is an audit log line: who, what, which destination, how many deliveries', async () => {
+  const lines = [];
+  // JSON, and text at info (where per-message events are off): the audit line is in both.
+  const log = new Log({ format: 'json', level: 'info', write: (l) => lines.push(JSON.parse(l)) });
+  const quiet = new Log({ format: 'text', level: 'info', write: (l) => lines.push({ text: l }) });
+  for (const [l, expectJson] of [[log, true], [quiet, false]]) {
+    lines.length = 0;
+    const relay = await createRelay({ relay: 'http://127.0.0.1:1', storage: 'memory', log: l });
+    const alice = register(relay);
+    const erin = new Identity();
+    const far = { id: erin, cert: erin.certificate(NET, 'send,sync,manage', Date.now() - 1000) };
+    assert.equal(relay.call({ kind: 'anonymous' }, 'route.publish', `{"route":${erin.route(NET, UNREACHABLE, 1, Date.now())}}`).status, 200);
+    assert.equal(relay.call(as(alice), 'message.send', message(alice, far, 'held')).status, 200);
+    const act = (method) => relay.call({ kind: 'operator' }, `admin.destination.${method}`, JSON.stringify({ destination: UNREACHABLE }));
+    assert.equal(act('pause').status, 200);
+    assert.equal(act('resume').status, 200);
+    assert.equal(relay.call({ kind: 'operator' }, 'admin.destination.pause', '{"destination":"https://nobody.example"}').status, 404);
+    if (expectJson) {
+      const audit = lines.filter((x) => x.event === 'operator_action').map(({ level, message, who, action, subject, touched }) => ({ level, message, who, action, subject, touched }));
+      const line = (action) => ({ level: 'INFO', message: 'operator action', who: 'admin listener', action, subject: UNREACHABLE, touched: 1 });
+      assert.deepEqual(audit, [line('destination.pause'), line('destination.resume')]);
+    } else {
+      const audit = lines.map((x) => x.text).filter((t) => / INFO operator action /.test(t));
+      assert.equal(audit.length, 2, lines.map((x) => x.text).join('\n'));
+      assert.match(audit[0], new RegExp(`event=operator_action who=admin listener action=destination.pause subject=${UNREACHABLE} touched=1$`));
+      assert.match(audit[1], new RegExp(`action=destination.resume subject=${UNREACHABLE} touched=1$`));
+    }
+    await relay.close();
+  }
 });
 
 test('a failed group commit makes the relay not ready until a commit succeeds again', async () => {

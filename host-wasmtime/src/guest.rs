@@ -574,8 +574,8 @@ impl Core {
 
     /// The engine's own counts in the Prometheus text format; an error if the store could
     /// not be read or the core has failed.
-    pub fn metrics(&mut self) -> Result<String, String> {
-        match self.guarded(|i, s| i.call_metrics(s)) {
+    pub fn metrics(&mut self, now: u64) -> Result<String, String> {
+        match self.guarded(|i, s| i.call_metrics(s, now)) {
             Some(r) => r.map_err(init_error),
             None => Err("the relay core failed".into()),
         }

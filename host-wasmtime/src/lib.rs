@@ -270,6 +270,18 @@ impl App {
                         );
                     }
                 }
+                // The audit trail: every operator action, whatever the event setting.
+                Event::OperatorAction(a) => {
+                    tracing::info!(
+                        target: "relay::audit",
+                        event = "operator_action",
+                        who = "admin listener",
+                        action = %a.action,
+                        subject = %a.subject,
+                        touched = a.touched,
+                        "operator action"
+                    );
+                }
             }
         }
     }

@@ -45,10 +45,13 @@ async fn admin(a: Admin) -> anyhow::Result<()> {
             client.post(&call.url, &headers, call.body).await?
         }
     };
+    if status == 200 {
+        print!("{}", relay_settings::render(call.view, &text));
+        return Ok(());
+    }
     let text = String::from_utf8_lossy(&text);
-    print!("{text}{}", if text.ends_with('\n') { "" } else { "\n" });
-    anyhow::ensure!(status == 200, "status {status}");
-    Ok(())
+    eprint!("{text}{}", if text.ends_with('\n') { "" } else { "\n" });
+    anyhow::bail!("status {status}")
 }
 
 #[tokio::main]

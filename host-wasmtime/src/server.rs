@@ -67,7 +67,7 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let mut texts = Vec::new();
     for k in 0..app.shard_count() {
-        match app.core(k).run(|c| c.metrics()).await {
+        match app.core(k).run(|c| c.metrics(crate::now_ms())).await {
             Some(Ok(text)) => texts.push(text),
             failed => {
                 let why = match failed {

@@ -7,18 +7,11 @@ use relay_core::engine::Storage;
 use relay_core::wire::json::{Object, Value};
 use relay_tests::live::host::free_port;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("relay-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch directory");
-    dir
-}
 
 /// A relay process, killed when dropped (a failing test leaves none behind).
 struct Proc(Child);

@@ -89,3 +89,99 @@ async fn json_logs_have_a_line_per_accepted_message_and_per_ended_delivery_with_
     }
     assert!(!logs.contains(&alice.session), "{logs}");
 }
+
+/// Issue 32's audit trail: every operator action is one structured log line naming who
+/// (the admin listener), what, on which destination, and how many deliveries it touched,
+/// made here through the operator's command line (`relay admin`, as an operator would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operator_action_is_an_audit_log_line() {
+    let port = relay_tests::live::host::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let data = scratch("audit");
+    let mut relay = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["serve", "--log-format", "json", "--data"])
+        .arg(&data)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("RELAY_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("relay starts");
+    let mut c = Client::new(2105);
+    let mut up = false;
+    for _ in 0..400 {
+        if let Ok((200, _)) = c.http.get(&format!("{url}/readyz")).await {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "the relay did not come up");
+    // One delivery to a destination that is down, so the relay knows the destination.
+    let dead = format!("http://127.0.0.1:{}", relay_tests::live::host::free_port());
+    let alice = c.register(&url, true).await;
+    let dan = stranger(&mut c, &dead);
+    c.publish(&url, &dan).await;
+    let m = c.message(&alice, &dan, "to a relay that is down");
+    let (s, v) = c.send(&alice, &m).await;
+    assert_eq!(s, 200, "{v:?}");
+    let relayctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_relay"))
+            .arg("admin")
+            .arg("--data")
+            .arg(&data)
+            .args(args)
+            .output()
+            .expect("relay admin runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "relay admin {args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let said = relayctl(&["pause", &dead]);
+    assert!(said.contains("changed=true"), "{said}");
+    let said = relayctl(&["pause", &dead]);
+    assert!(said.contains("changed=false"), "{said}");
+    let said = relayctl(&["resume", &dead]);
+    assert!(said.contains("changed=true"), "{said}");
+    relay.kill().unwrap();
+    let _ = relay.wait();
+    let mut logs = String::new();
+    relay
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    let audit: Vec<serde_json::Value> = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["event"] == "operator_action")
+        .collect();
+    let seen: Vec<(&str, &str, u64, &str)> = audit
+        .iter()
+        .map(|l| {
+            (
+                l["action"].as_str().unwrap_or_default(),
+                l["subject"].as_str().unwrap_or_default(),
+                l["touched"].as_u64().unwrap_or(u64::MAX),
+                l["who"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("destination.pause", dead.as_str(), 1, "admin listener"),
+            ("destination.pause", dead.as_str(), 0, "admin listener"),
+            ("destination.resume", dead.as_str(), 1, "admin listener"),
+        ],
+        "{logs}"
+    );
+    assert!(audit.iter().all(|l| l["level"] == "INFO"), "{logs}");
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -1,5 +1,6 @@
 //! `admin`: the operator's calls to a running relay, through its admin listener.
 
+use crate::table::View;
 use crate::Error;
 use relay_core::wire::canonical;
 use relay_core::wire::json::Object;
@@ -18,6 +19,9 @@ pub(crate) struct AdminArgs {
     /// shard; shard k's database is relay-shard-k.sqlite, shard 0's relay.sqlite).
     #[arg(long, global = true, default_value_t = 0)]
     shard: u32,
+    /// Print the relay's answer as the JSON it wrote, instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     what: AdminCommand,
 }
@@ -138,6 +142,8 @@ pub struct Admin {
     pub url: Option<String>,
     /// The shard asked.
     pub shard: u32,
+    /// Print the answer as JSON (`--json`), not as a table.
+    pub json: bool,
     /// The call.
     pub what: AdminCommand,
 }
@@ -148,6 +154,7 @@ impl From<AdminArgs> for Admin {
             data: a.data,
             url: a.url,
             shard: a.shard,
+            json: a.json,
             what: a.what,
         }
     }
@@ -165,9 +172,26 @@ pub struct AdminCall {
     pub authorization: Option<String>,
     /// The canonical JSON body of a `POST`.
     pub body: Vec<u8>,
+    /// How to print a 200 answer ([`crate::render`]).
+    pub view: View,
 }
 
 impl Admin {
+    /// How this command's answer is printed: a table for a listing, a line for an action,
+    /// as it came for metrics or under `--json`.
+    pub fn view(&self) -> View {
+        if self.json {
+            return View::Raw;
+        }
+        match self.what {
+            AdminCommand::Deliveries { .. } => View::Deliveries,
+            AdminCommand::Destinations { .. } => View::Destinations,
+            AdminCommand::Quarantine { .. } => View::Quarantine,
+            AdminCommand::Metrics => View::Raw,
+            _ => View::Action,
+        }
+    }
+
     /// The request to make. `read` reads the relay's files (admin.url, admin.token); `cwd`
     /// makes a backup's file absolute, since the relay, not this process, writes it.
     pub fn call(
@@ -196,6 +220,7 @@ impl Admin {
                     url: format!("{base}/metrics"),
                     authorization: None,
                     body: Vec::new(),
+                    view: View::Raw,
                 })
             }
             AdminCommand::Deliveries {
@@ -273,6 +298,7 @@ impl Admin {
             url: format!("{base}/admin/v1/{method}?shard={}", self.shard),
             authorization: Some(format!("Bearer {}", token.trim())),
             body: canonical::object_to_vec(&params),
+            view: self.view(),
         })
     }
 }

@@ -15,9 +15,11 @@
 
 mod admin;
 mod serve;
+mod table;
 
 pub use admin::{Admin, AdminCall, AdminCommand, DeliveryState};
 pub use serve::{Engine, LogFormat, Settings};
+pub use table::{render, View};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::Path;

@@ -409,3 +409,88 @@ fn the_engine_options_reach_the_core_under_its_own_keys() {
         "{e}"
     );
 }
+
+#[test]
+fn admin_answers_print_as_tables_and_lines_and_as_they_came_under_json() {
+    let answer = br#"{"destinations":[{"consecutive_failures":3,"destination":"https://b.example","failed":1,"failing_since":1796607000000,"in_flight":0,"last_error":{"code":"unavailable","message":"connection refused"},"next_attempt_at":1796607062000,"oldest_pending_age_ms":3723000,"oldest_pending_at":1796603277000,"paused":false,"pending":2},{"consecutive_failures":0,"destination":"https://c.example","failed":0,"in_flight":1,"last_success_at":1796607000000,"paused":true,"pending":1}],"next":"https://c.example"}"#;
+    let text = render(View::Destinations, answer);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(
+        lines[0]
+            .starts_with("DESTINATION        PENDING  IN-FLIGHT  FAILED  FAILURES  FAILING-SINCE"),
+        "{text}"
+    );
+    let b: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        b,
+        [
+            "https://b.example",
+            "2",
+            "0",
+            "1",
+            "3",
+            "2026-12-07T01:30:00Z",
+            "-",
+            "2026-12-07T01:31:02Z",
+            "1h2m",
+            "no",
+            "unavailable:",
+            "connection",
+            "refused"
+        ],
+        "{text}"
+    );
+    let c: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(
+        c,
+        [
+            "https://c.example",
+            "1",
+            "1",
+            "0",
+            "0",
+            "-",
+            "2026-12-07T01:30:00Z",
+            "-",
+            "-",
+            "yes",
+            "-"
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        lines[3],
+        "(2 destinations; more: --after https://c.example)"
+    );
+    // An action is one line; --json (Raw) and a body of another shape print as they came.
+    assert_eq!(
+        render(
+            View::Action,
+            br#"{"brought_forward":3,"destination":"https://b.example"}"#
+        ),
+        "brought_forward=3 destination=https://b.example\n"
+    );
+    assert_eq!(
+        render(View::Raw, answer),
+        format!("{}\n", std::str::from_utf8(answer).unwrap())
+    );
+    assert_eq!(render(View::Destinations, b"not json"), "not json\n");
+    // A deliveries cursor holds a line break: quoted so the shell gives it back whole.
+    let page = render(
+        View::Deliveries,
+        b"{\"deliveries\":[],\"next\":\"https://b\\na.b\"}",
+    );
+    assert!(
+        page.ends_with("(0 deliveries; more: --after $'https://b\\na.b')\n"),
+        "{page}"
+    );
+    let q = render(
+        View::Quarantine,
+        br#"{"quarantined":[{"at":1796607000000,"code":"internal","entry":"due/1/x","id":"ZHVl","message":"bad record"}]}"#,
+    );
+    assert!(
+        q.contains("ZHVl  2026-12-07T01:30:00Z  internal  bad record  due/1/x"),
+        "{q}"
+    );
+}

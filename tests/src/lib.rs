@@ -45,6 +45,8 @@ pub struct Node {
     pub notifications: Vec<(String, u64)>,
     /// Sessions ended by revocation.
     pub ended: Vec<(String, String)>,
+    /// Operator actions the engine reported for the audit log, in order.
+    pub audit: Vec<relay_core::engine::OperatorAction>,
     pub restarts: u32,
 }
 
@@ -152,6 +154,7 @@ impl World {
             wake: None,
             notifications: Vec::new(),
             ended: Vec::new(),
+            audit: Vec::new(),
             restarts: 0,
         });
         self.nodes.len() - 1
@@ -242,6 +245,7 @@ impl World {
                     self.nodes[n].ended.push((account, device_id))
                 }
                 Effect::Accepted(_) | Effect::DeliveryEnded { .. } => {}
+                Effect::OperatorAction(a) => self.nodes[n].audit.push(a),
                 Effect::ShardCall { shard, path, body } => {
                     self.shard_calls.push((n, shard, path, body))
                 }

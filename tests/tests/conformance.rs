@@ -902,7 +902,27 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
     );
     assert_eq!(u64_of(&failing, "pending"), Some(1), "{failing:?}");
     assert!(u64_of(&failing, "failing_since").is_some(), "{failing:?}");
-    assert_eq!(str_of(&failing, "last_error"), "unavailable", "{failing:?}");
+    let last_error = field(&failing, "last_error")
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(str_of(&last_error, "code"), "unavailable", "{failing:?}");
+    assert!(!str_of(&last_error, "message").is_empty(), "{failing:?}");
+    // The same row as the operator's command line prints it, against this host.
+    let shard = relay_core::engine::shard::Shard::of_account(&alice_id, d.a.relay.shards());
+    let (ok, table) = d.a.relay.relayctl(shard, &["destinations", "--failing"]);
+    assert!(ok, "relay admin destinations: {table}");
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(dest.as_str()))
+        .unwrap_or_else(|| panic!("no row for {dest}:\n{table}"));
+    assert!(
+        line.contains("  no  ") && line.contains("unavailable"),
+        "{table}"
+    );
+    assert!(
+        table.starts_with("DESTINATION") && table.contains("(1 destination)"),
+        "{table}"
+    );
     d.b.proxy.heal();
     // Retry now, through the admin listener of each host (a dotted operator method).
     let mut q = Object::new();
@@ -929,11 +949,13 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
     assert!(u64_of(&back, "last_success_at").is_some(), "{back:?}");
     assert!(row(&d.c, true).is_none(), "no longer failing");
     // Paused: a message is accepted but not attempted, until resumed.
-    let mut q = Object::new();
-    q.insert("destination", dest.as_str());
-    let (s, v) =
-        d.c.admin_for(&d.a.relay, &alice_id, "destination.pause", &q);
-    assert_eq!(s, 200, "admin.destination.pause: {v:?}");
+    // Through relayctl: `relay admin pause`, one line saying what changed.
+    let (ok, said) = d.a.relay.relayctl(shard, &["pause", dest.as_str()]);
+    assert!(ok, "relay admin pause: {said}");
+    assert!(
+        said.contains("changed=true") && said.contains("paused=true"),
+        "{said}"
+    );
     let held = d.c.message(&d.alice, &d.bob, "held", &Msg::default());
     let (s, v) = d.c.send(&d.alice, &held);
     assert_eq!((s, status_of(&v)), (200, "delivering".to_string()), "{v:?}");
@@ -949,9 +971,12 @@ fn operators_see_each_destination_fail_and_recover(k: Kind) {
         .and_then(relay_tests::array)
         .unwrap_or_default();
     assert_eq!(paused.len(), 1, "{v:?}");
-    let (s, v) =
-        d.c.admin_for(&d.a.relay, &alice_id, "destination.resume", &q);
-    assert_eq!((s, u64_of(&v, "started")), (200, Some(1)), "{v:?}");
+    let (ok, said) =
+        d.a.relay
+            .relayctl(shard, &["--json", "resume", dest.as_str()]);
+    assert!(ok, "relay admin resume: {said}");
+    let v = relay_core::wire::json::parse(said.trim().as_bytes()).expect("--json prints JSON");
+    assert_eq!(u64_of(&v, "started"), Some(1), "{v:?}");
     let st = d.c.wait_terminal(&d.alice, &message_id(&held), WAIT);
     assert_eq!(status_of(&st), "target_accepted", "{st:?}");
     // Not through the client door.

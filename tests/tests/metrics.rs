@@ -1,6 +1,6 @@
 //! The engine's own counts (issue 21): a known mix of messages, and every counter's exact value.
 
-use relay_core::engine::metrics::Pending;
+use relay_core::engine::metrics::Destinations;
 use relay_core::engine::Outcome;
 use relay_tests::*;
 use std::collections::BTreeMap;
@@ -26,6 +26,7 @@ fn the_engine_counts_exactly_what_it_accepted_refused_attempted_and_delivered() 
     let m = w.message(&alice, 0, &bob, "cross", &Msg::default());
     w.send(&alice, 0, &m).result.unwrap();
     let m = w.message(&alice, 0, &dan, "down", &Msg::default());
+    let down_at = w.now;
     w.send(&alice, 0, &m).result.unwrap();
     for req in w.take_outbox() {
         if req.target == w.nodes[c].id {
@@ -47,7 +48,8 @@ fn the_engine_counts_exactly_what_it_accepted_refused_attempted_and_delivered() 
     let m = w.message(&alice, 0, &bob, "one too many", &Msg::default());
     assert_eq!(code_of(&w.send(&alice, 0, &m)), "rate_limited");
 
-    let got = w.nodes[a].engine.metrics().expect("metrics");
+    // Read 5 s later: the oldest pending delivery (the one to c) has waited since it was sent.
+    let got = w.nodes[a].engine.metrics(w.now + 5_000).expect("metrics");
     let c_ = &got.counters;
     let map = |pairs: &[(&'static str, u64)]| pairs.iter().copied().collect::<BTreeMap<_, _>>();
     assert_eq!(c_.accepted, map(&[("cross", 2), ("local", 1), ("self", 1)]));
@@ -68,14 +70,18 @@ fn the_engine_counts_exactly_what_it_accepted_refused_attempted_and_delivered() 
     );
     assert_eq!(c_.quarantined, 0);
     assert_eq!(
-        got.pending,
-        vec![Pending {
-            destination: w.nodes[c].id.as_str().to_string(),
+        got.destinations,
+        Destinations {
+            failing: 1,
+            paused: 0,
             pending: 1,
+            quarantined: 0,
             in_flight: 0,
-        }]
+            oldest_pending_age_ms: w.now + 5_000 - down_at,
+        },
+        "the one delivery to c, which c never took"
     );
-    let at_b = w.nodes[b].engine.metrics().expect("metrics");
+    let at_b = w.nodes[b].engine.metrics(w.now).expect("metrics");
     assert_eq!(at_b.counters.accepted, map(&[("received", 1)]));
     // The exposition carries the same figures.
     let text = got.to_prometheus();
@@ -84,6 +90,10 @@ fn the_engine_counts_exactly_what_it_accepted_refused_attempted_and_delivered() 
         "{text}"
     );
     assert!(text.contains("relay_deliveries_delivered_total 2\n"));
+    assert!(text.contains(&format!(
+        "relay_oldest_pending_delivery_age_seconds {}\n",
+        (w.now + 5_000 - down_at) as f64 / 1000.0
+    )));
 
     // At its deadline the delivery to the dead destination fails, and is counted so.
     w.now += w.nodes[a].config.policies.message_delivery_age_limit + 1;
@@ -92,10 +102,14 @@ fn the_engine_counts_exactly_what_it_accepted_refused_attempted_and_delivered() 
         w.take_outbox();
         w.tick(a);
     }
-    let got = w.nodes[a].engine.metrics().expect("metrics");
+    let got = w.nodes[a].engine.metrics(w.now).expect("metrics");
     assert_eq!(
         got.counters.failed,
         [("deadline_exceeded".to_string(), 1)].into_iter().collect()
     );
-    assert!(got.pending.is_empty());
+    assert_eq!(got.destinations.pending, 0);
+    assert_eq!(
+        got.destinations.oldest_pending_age_ms, 0,
+        "nothing waits any more"
+    );
 }

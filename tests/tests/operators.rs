@@ -299,6 +299,7 @@ fn the_operator_pages_through_every_destination_with_its_failures_counts_and_las
     let a = w.relay_with("a", tune);
     let alice = w.account(a, 1, true);
     // Seven destinations: the first three never answer, the other four accept.
+    let sent_at = w.now;
     let mut peers = Vec::new();
     for i in 0..7 {
         let r = w.relay_with(&format!("p{i}"), tune);
@@ -350,8 +351,26 @@ fn the_operator_pages_through_every_destination_with_its_failures_counts_and_las
                 Some(1)
             );
             assert!(field(d, "failing_since").is_some());
-            assert_eq!(text_of(d, "last_error"), Some("result_unknown"));
+            let e = field(d, "last_error").expect("a last error");
+            assert_eq!(text_of(e, "code"), Some("result_unknown"), "{d:?}");
+            assert!(text_of(e, "message").is_some_and(|m| !m.is_empty()));
             assert!(field(d, "last_success_at").is_none());
+            // Its one delivery waits for its retry (backoff of one failure: 1 s to 2 s).
+            let next = field(d, "next_attempt_at").and_then(Value::as_protocol_int);
+            assert!(
+                next.is_some_and(|t| (w.now + 1_000..=w.now + 2_000).contains(&t)),
+                "next attempt {next:?} at now {}",
+                w.now
+            );
+            assert_eq!(
+                field(d, "oldest_pending_at").and_then(Value::as_protocol_int),
+                Some(sent_at)
+            );
+            assert_eq!(
+                field(d, "oldest_pending_age_ms").and_then(Value::as_protocol_int),
+                Some(w.now - sent_at)
+            );
+            assert_eq!(field(d, "failed").and_then(Value::as_protocol_int), Some(0));
         } else {
             assert_eq!(failures, Some(0), "{d:?}");
             assert_eq!(
@@ -360,6 +379,8 @@ fn the_operator_pages_through_every_destination_with_its_failures_counts_and_las
             );
             assert!(field(d, "failing_since").is_none());
             assert!(field(d, "last_success_at").is_some());
+            assert!(field(d, "next_attempt_at").is_none(), "{d:?}");
+            assert!(field(d, "oldest_pending_at").is_none(), "{d:?}");
         }
     }
     // Only the failing ones, through pages of one.
@@ -405,6 +426,10 @@ fn the_operator_pages_through_every_destination_with_its_failures_counts_and_las
     );
     assert!(field(row, "failing_since").is_none());
     assert!(field(row, "last_success_at").is_some());
+    assert!(
+        field(row, "next_attempt_at").is_none() && field(row, "oldest_pending_at").is_none(),
+        "its one delivery ended: nothing waits, in either index: {row:?}"
+    );
 }
 
 #[test]
@@ -624,7 +649,7 @@ fn a_paused_destination_gets_no_attempt_until_resumed_and_keeps_taking_messages(
         Some(3)
     );
     // The gauges and the action's count, with no label per destination.
-    let text = w.nodes[a].engine.metrics().unwrap().to_prometheus();
+    let text = w.nodes[a].engine.metrics(w.now).unwrap().to_prometheus();
     for line in [
         "relay_destinations_paused 1\n",
         "relay_destinations_failing 0\n",
@@ -652,6 +677,33 @@ fn a_paused_destination_gets_no_attempt_until_resumed_and_keeps_taking_messages(
             "target_accepted"
         );
     }
+    // The audit trail: each action, what it acted on and how many deliveries it touched
+    // (the pause came when nothing was pending; the resume released three). A second
+    // resume changes nothing and is still logged, with nothing touched; a refused one
+    // (unknown destination) is not an action at all.
+    hold(&mut w, a, live, "admin.destination.resume");
+    let mut p = Object::new();
+    p.insert("destination", "https://nobody.example");
+    w.call(a, &Caller::Operator, "admin.destination.resume", &p);
+    let dest = w.nodes[live].id.as_str().to_string();
+    let seen: Vec<_> = w.nodes[a]
+        .audit
+        .iter()
+        .map(|e| (e.action, e.subject.as_str(), e.touched))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("destination.pause", dest.as_str(), 0),
+            ("destination.resume", dest.as_str(), 3),
+            ("destination.resume", dest.as_str(), 0),
+        ]
+    );
+    let text = w.nodes[a].engine.metrics(w.now).unwrap().to_prometheus();
+    assert!(
+        text.contains("relay_operator_actions_total{action=\"destination.resume\"} 1\n"),
+        "only the resume that changed something counts:\n{text}"
+    );
 }
 
 #[test]
@@ -676,6 +728,15 @@ fn a_pause_changes_no_deadline_a_delivery_held_past_it_fails_deadline_exceeded()
     assert!(w.outbox.is_empty(), "an attempt to a paused destination");
     let st = w.status(&alice, &message_id(&m)).result.unwrap();
     assert_eq!(code_of_status(&st), "deadline_exceeded", "{st:?}");
+    let row = destination_row(&mut w, a, b);
+    assert_eq!(
+        field(&row, "failed").and_then(Value::as_protocol_int),
+        Some(1)
+    );
+    assert_eq!(
+        field(&row, "pending").and_then(Value::as_protocol_int),
+        Some(0)
+    );
     // Resuming later starts nothing for it: its result never changes.
     let r = hold(&mut w, a, b, "admin.destination.resume");
     assert_eq!(
@@ -683,6 +744,14 @@ fn a_pause_changes_no_deadline_a_delivery_held_past_it_fails_deadline_exceeded()
         Some(0)
     );
     assert!(w.outbox.is_empty());
+    // The failed delivery is counted until its result's retention ends, then forgotten.
+    w.advance_without_network(w.nodes[a].config.policies.message_retention + 1_000);
+    let row = destination_row(&mut w, a, b);
+    assert_eq!(
+        field(&row, "failed").and_then(Value::as_protocol_int),
+        Some(0),
+        "{row:?}"
+    );
     // Unknown destination, and not for clients.
     let mut p = Object::new();
     p.insert("destination", "https://nobody.example");
@@ -690,6 +759,19 @@ fn a_pause_changes_no_deadline_a_delivery_held_past_it_fails_deadline_exceeded()
     assert_eq!(code_of(&r), "not_found");
     let r = w.call(a, &World::session(&alice, 0), "admin.destination.pause", &p);
     assert_eq!(code_of(&r), "permission_denied");
+}
+
+/// Relay `a`'s `admin.destinations` row for relay `dest`.
+fn destination_row(w: &mut World, a: usize, dest: usize) -> Value {
+    let id = w.nodes[dest].id.as_str().to_string();
+    let r = w.call(a, &Caller::Operator, "admin.destinations", &Object::new());
+    let list = field(&r.result.unwrap(), "destinations").cloned().unwrap();
+    let Value::Array(list) = list else {
+        panic!("destinations is an array")
+    };
+    list.into_iter()
+        .find(|d| text_of(d, "destination") == Some(id.as_str()))
+        .expect("a row for the destination")
 }
 
 fn code_of_status(v: &Value) -> String {
@@ -745,7 +827,7 @@ fn a_quarantined_entry_is_listed_requeued_and_dropped_one_by_one() {
     assert!(list(&mut w).is_empty());
     w.tick(a);
     assert!(list(&mut w).is_empty(), "a dropped entry came back");
-    let text = w.nodes[a].engine.metrics().unwrap().to_prometheus();
+    let text = w.nodes[a].engine.metrics(w.now).unwrap().to_prometheus();
     for line in [
         "relay_quarantined_entries 0\n",
         "relay_operator_actions_total{action=\"quarantine.drop\"} 1\n",

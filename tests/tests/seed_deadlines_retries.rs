@@ -440,7 +440,7 @@ fn an_attempt_in_flight_when_the_process_stopped_is_an_unknown_outcome_at_the_ne
     );
     let counted = w.nodes[a]
         .engine
-        .metrics()
+        .metrics(w.now)
         .expect("metrics")
         .counters
         .attempts;

@@ -1418,6 +1418,7 @@ impl Sim {
                     self.w.nodes[n].ended.push((account, device_id))
                 }
                 Effect::Accepted(_) | Effect::DeliveryEnded { .. } => {}
+                Effect::OperatorAction(a) => self.w.nodes[n].audit.push(a),
                 Effect::ShardCall { shard, path, body } => shard_calls.push((shard, path, body)),
             }
         }

@@ -7,7 +7,7 @@ use super::context::Ctx;
 use super::keyspace as k;
 use super::records::{PeerRec, SendRec, TaskRec, TaskState};
 use super::storage::Storage;
-use super::Entropy;
+use super::{Effect, Entropy};
 use crate::wire::field::Fields;
 use crate::wire::json::{Object, Value};
 use crate::{Error, ErrorCode};
@@ -201,6 +201,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             o.insert("destination", dest);
             o.insert("pending", peer.pending);
             o.insert("in_flight", peer.in_flight as u64);
+            o.insert("failed", peer.failed);
             o.insert("consecutive_failures", peer.consecutive_failures as u64);
             if let Some(at) = peer.failing_since {
                 o.insert("failing_since", at);
@@ -209,7 +210,20 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 o.insert("last_success_at", at);
             }
             if let Some(code) = &peer.last_error {
-                o.insert("last_error", code.as_str());
+                let mut e = Object::new();
+                e.insert("code", code.as_str());
+                e.insert("message", peer.last_error_message.as_deref().unwrap_or(""));
+                o.insert("last_error", Value::Object(e));
+            }
+            // The first entry of each of its time indexes: one read each, whatever it holds.
+            if peer.pending > 0 {
+                if let Some(at) = self.first_time(&k::retries_of(dest))? {
+                    o.insert("next_attempt_at", at);
+                }
+                if let Some(at) = self.first_time(&k::pending_of(dest))? {
+                    o.insert("oldest_pending_at", at);
+                    o.insert("oldest_pending_age_ms", self.now.saturating_sub(at));
+                }
             }
             o.insert("paused", peer.paused);
             list.push(Value::Object(o));
@@ -268,7 +282,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 }
             }
         }
-        self.operator_action("destination.retry", moved > 0);
+        self.operator_action("destination.retry", dest, moved, moved > 0);
         let mut out = Object::new();
         out.insert("destination", dest);
         out.insert("brought_forward", moved);
@@ -303,7 +317,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         };
         let phase = t.state.as_str();
         let moved = self.due_now(&task, t);
-        self.operator_action("delivery.retry", moved);
+        self.operator_action("delivery.retry", &task, u64::from(moved), moved);
         let mut out = Object::new();
         out.insert("phase", phase);
         out.insert("brought_forward", moved);
@@ -322,11 +336,34 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             })
     }
 
-    /// Counts an operator action that changed something (`relay_operator_actions_total`).
-    fn operator_action(&mut self, action: &'static str, changed: bool) {
+    /// The time of the first key under `prefix` (a destination's retry or age index).
+    fn first_time(&mut self, prefix: &[u8]) -> Result<Option<u64>, Error> {
+        let first = self.txn.scan(prefix, &k::prefix_end(prefix), 1)?;
+        Ok(first
+            .first()
+            .and_then(|(key, _)| k::time_under(key, prefix)))
+    }
+
+    /// Records an operator action: an audit event for the host's log, always (an action
+    /// that changed nothing is logged with `touched: 0`), and a count in
+    /// `relay_operator_actions_total` when it changed something. Both leave with the
+    /// operation's commit, or not at all.
+    fn operator_action(
+        &mut self,
+        action: &'static str,
+        subject: &str,
+        touched: u64,
+        changed: bool,
+    ) {
         if changed {
             super::metrics::Counters::bump(&mut self.counts.operator_actions, action);
         }
+        self.effects
+            .push(Effect::OperatorAction(super::effect::OperatorAction {
+                action,
+                subject: subject.to_string(),
+                touched,
+            }));
     }
 
     /// Makes a task that waits for its next attempt due now: no earlier than its
@@ -340,7 +377,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         if t.next_at <= at {
             return false;
         }
-        let old = t.next_at;
+        let old = self.slot(&t);
         if t.outage {
             // Out of the destination's outage index: it no longer waits for the comeback.
             self.txn.delete(k::outage(&t.target, id));
@@ -382,12 +419,16 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 started += 1;
             }
         }
+        // It holds (or releases) every delivery still pending for the destination.
+        let touched = if changed { peer.pending } else { 0 };
         self.operator_action(
             if paused {
                 "destination.pause"
             } else {
                 "destination.resume"
             },
+            dest,
+            touched,
             changed,
         );
         let mut out = Object::new();
@@ -462,6 +503,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             } else {
                 "quarantine.drop"
             },
+            id,
+            1,
             true,
         );
         let mut out = Object::new();

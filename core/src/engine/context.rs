@@ -249,14 +249,16 @@ pub(crate) fn next_wake<S: Storage>(store: &mut S) -> Result<Option<u64>, Storag
     Ok(best)
 }
 
-/// The destinations with most pending deliveries, then the rest summed as `other`.
-pub(crate) fn pending_by_destination<S: Storage>(
+/// The destinations' gauges, summed over every destination's record: failing, paused,
+/// pending, in flight, and the oldest pending delivery's age (from the first entry of
+/// each busy destination's age index) at `now`.
+pub(crate) fn destinations_summary<S: Storage>(
     store: &mut S,
-) -> Result<(Vec<super::metrics::Pending>, super::metrics::Destinations), StorageError> {
-    use super::metrics::{Destinations, Pending, TOP_DESTINATIONS};
+    now: u64,
+) -> Result<super::metrics::Destinations, StorageError> {
     let prefix = k::all_peers();
-    let mut all: Vec<Pending> = Vec::new();
-    let mut sums = Destinations::default();
+    let mut sums = super::metrics::Destinations::default();
+    let mut oldest: Option<u64> = None;
     // Peers are the relays this one delivers to; the walk is bounded all the same.
     for (key, v) in store.scan(&prefix, &k::prefix_end(&prefix), 100_000)? {
         let Ok(p) = serde_json::from_slice::<super::records::PeerRec>(&v) else {
@@ -265,33 +267,27 @@ pub(crate) fn pending_by_destination<S: Storage>(
         sums.failing += u64::from(p.consecutive_failures > 0);
         sums.paused += u64::from(p.paused);
         sums.pending += p.pending;
-        if p.pending == 0 && p.in_flight == 0 {
+        sums.in_flight += u64::from(p.in_flight);
+        let Some(relay) = k::destination_relay(&key).filter(|_| p.pending > 0) else {
             continue;
+        };
+        let since = k::pending_of(relay);
+        if let Some((first, _)) = store
+            .scan(&since, &k::prefix_end(&since), 1)?
+            .into_iter()
+            .next()
+        {
+            if let Some(at) = k::time_under(&first, &since) {
+                oldest = Some(oldest.map_or(at, |o| o.min(at)));
+            }
         }
-        all.push(Pending {
-            destination: k::destination_relay(&key).unwrap_or_default().to_string(),
-            pending: p.pending,
-            in_flight: p.in_flight as u64,
-        });
     }
-    all.sort_by(|a, b| {
-        b.pending
-            .cmp(&a.pending)
-            .then(a.destination.cmp(&b.destination))
-    });
-    if all.len() > TOP_DESTINATIONS {
-        let rest = all.split_off(TOP_DESTINATIONS);
-        all.push(Pending {
-            destination: "other".to_string(),
-            pending: rest.iter().map(|p| p.pending).sum(),
-            in_flight: rest.iter().map(|p| p.in_flight).sum(),
-        });
-    }
+    sums.oldest_pending_age_ms = oldest.map_or(0, |at| now.saturating_sub(at));
     let q = k::quarantine_prefix();
     sums.quarantined = store
         .scan(&q, &k::prefix_end(&q), super::admin::MAX_LISTED)?
         .len() as u64;
-    Ok((all, sums))
+    Ok(sums)
 }
 
 /// Checks a caller's session and returns it.

@@ -74,6 +74,15 @@ fn retry_after(data: Option<&Value>) -> Option<u64> {
 }
 
 /// A peer's `{"error": {...}}` body as it came.
+/// What an operator reads beside an outage's code (no answer carried a message).
+fn outage_message(code: &str) -> &'static str {
+    if code == "result_unknown" {
+        "no answer came back from the destination"
+    } else {
+        "the destination could not be reached"
+    }
+}
+
 fn parse_error_body(body: &[u8]) -> Option<(ErrorRec, Option<Value>)> {
     let o = json::parse_object(body).ok()?;
     let inner = Fields::new(&o).object("error").ok()?;
@@ -124,7 +133,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.txn
             .put_new(k::by_destination(&t.target, id), Vec::new());
         if !self.is_local(&t) {
-            self.count_pending(&t.target, true)?;
+            self.count_pending(id, &t, true)?;
         }
         t.next_at = self.now;
         self.txn.put_new(k::due(t.next_at, id), Vec::new());
@@ -137,7 +146,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// Makes the next attempt of a task that is due, or ends it at its deadline.
     pub(crate) fn launch(&mut self, id: &str, mut t: TaskRec) -> Result<(), Error> {
-        let old_next = t.next_at;
+        let old = self.slot(&t);
         if t.outage {
             // It leaves the waiting state: no longer one to bring forward.
             self.txn.delete(k::outage(&t.target, id));
@@ -161,7 +170,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             self.txn
                 .put_raw(k::parked(&target, t.park_order, id), Vec::new());
             self.save_peer(&target, &peer);
-            self.reindex(id, old_next, &t);
+            self.reindex(id, old, &t);
             self.save_task(id, &t);
             return Ok(());
         }
@@ -199,7 +208,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             body,
             shard,
         });
-        self.reindex(id, old_next, &t);
+        self.reindex(id, old, &t);
         self.save_task(id, &t);
         Ok(())
     }
@@ -270,11 +279,16 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             }
         }
         if !self.is_local(&t) {
-            self.count_pending(&t.target, false)?;
+            self.count_pending(id, &t, false)?;
         }
-        let old_next = t.next_at;
+        let old = self.slot(&t);
         t.state = TaskState::Done;
-        self.reindex(id, old_next, &t);
+        self.reindex(id, old, &t);
+        if status == Status::Failed {
+            let mut peer = self.peer(&t.target)?;
+            peer.failed = peer.failed.saturating_add(1);
+            self.save_peer(&t.target, &peer);
+        }
         if status == Status::TargetAccepted {
             self.txn.delete(k::by_destination(&t.target, id));
             self.txn.delete(k::task(id));
@@ -315,12 +329,15 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         revision: u64,
     ) -> Result<(), Error> {
         self.txn.delete(k::by_destination(&t.target, id));
+        if self.slot(&t).retry {
+            self.txn.delete(k::retry_at(&t.target, t.next_at, id));
+        }
         if !self.is_local(&t) {
-            self.count_pending(&t.target, false)?;
+            self.count_pending(id, &t, false)?;
         }
         t.target = relay.to_string();
         if !self.is_local(&t) {
-            self.count_pending(&t.target, true)?;
+            self.count_pending(id, &t, true)?;
         }
         t.route_revision = revision;
         t.uncertain = false;
@@ -475,7 +492,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     self.end_task(id, t, Status::Failed, None, Some(err))
                 }
                 Some((e, data)) => {
-                    self.note_peer_failure(&target, &e.code)?;
+                    self.note_peer_failure(&target, &e.code, &e.message)?;
                     self.on_error(id, t, e, data)
                 }
                 None => self.unknown(id, t),
@@ -522,7 +539,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             return self.retry_after(id, t, wait);
         }
         let target = t.target.clone();
-        self.note_peer_failure(&target, code)?;
+        self.note_peer_failure(&target, code, outage_message(code))?;
         t.outage = true;
         self.retry_later(id, t)
     }

@@ -71,6 +71,8 @@ pub enum Effect {
         /// The failure's code (a protocol code or `deadline_exceeded`); `None` on success.
         error_code: Option<String>,
     },
+    /// An operator action took effect (for the host's audit log: always logged).
+    OperatorAction(OperatorAction),
     /// Hand `body` to sibling shard `shard` of this relay as a public `POST {path}`; its
     /// answer is not needed. A shard shares a route it learned or used with the shard of
     /// the route's account, so that shard, which every other shard asks, holds it too.
@@ -113,4 +115,19 @@ pub struct Acceptance {
     /// The DeliveryStatus answered: `delivering`, `target_accepted`, or `failed` (a
     /// delivery to an account of this relay can end within the call that accepted it).
     pub status: &'static str,
+}
+
+/// One operator action, for the audit trail: what was done, to what, and how many
+/// deliveries (or entries) it touched. Only the operator door reaches `admin.*`, so the
+/// actor is the host's admin listener; the host's log line names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorAction {
+    /// The method without its `admin.` prefix: `destination.retry`, `delivery.retry`,
+    /// `destination.pause`, `destination.resume`, `quarantine.drop`, `quarantine.requeue`.
+    pub action: &'static str,
+    /// What it acted on: a destination relay, a delivery (`{from}.{message_id}`), or a
+    /// quarantined entry's id.
+    pub subject: String,
+    /// How many deliveries (or entries) it changed; 0 when it changed nothing.
+    pub touched: u64,
 }

@@ -198,6 +198,41 @@ pub(crate) fn parked_task<'k>(key: &'k [u8], relay: &str) -> Option<&'k str> {
 pub(crate) fn parked_at(relay: &str) -> Vec<u8> {
     key(&[b"park/", relay.as_bytes(), b"\n"])
 }
+/// A task of `relay` waiting for its retry at `at` (for the destination's next attempt).
+pub(crate) fn retry_at(relay: &str, at: u64, task: &str) -> Vec<u8> {
+    key(&[
+        b"retry/",
+        relay.as_bytes(),
+        b"\n",
+        &pad(at),
+        b"/",
+        task.as_bytes(),
+    ])
+}
+/// Every [`retry_at`] key of `relay`, earliest first.
+pub(crate) fn retries_of(relay: &str) -> Vec<u8> {
+    key(&[b"retry/", relay.as_bytes(), b"\n"])
+}
+/// A task of `relay` not yet ended, accepted at `at` (for the age of its oldest).
+pub(crate) fn pending_since(relay: &str, at: u64, task: &str) -> Vec<u8> {
+    key(&[
+        b"since/",
+        relay.as_bytes(),
+        b"\n",
+        &pad(at),
+        b"/",
+        task.as_bytes(),
+    ])
+}
+/// Every [`pending_since`] key of `relay`, oldest first.
+pub(crate) fn pending_of(relay: &str) -> Vec<u8> {
+    key(&[b"since/", relay.as_bytes(), b"\n"])
+}
+/// The time of a [`retry_at`] or [`pending_since`] key under `prefix` (its relay's).
+pub(crate) fn time_under(key: &[u8], prefix: &[u8]) -> Option<u64> {
+    let digits = key.strip_prefix(prefix)?.get(..20)?;
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
 /// A waiting task whose last failure was an outage (not attempted, unknown) at `relay`:
 /// the tasks brought forward when the destination is back.
 pub(crate) fn outage(relay: &str, task: &str) -> Vec<u8> {

@@ -1,16 +1,14 @@
 //! What only the engine knows, counted: acceptances, rejections, attempt outcomes, terminal
-//! results, limits hit, entries set aside, and the pending deliveries per destination.
+//! results, limits hit, entries set aside, and the destinations' queues summed.
 //!
 //! Hosts ask for these rather than re-deriving them from what crosses their boundary, so
 //! the figures mean the same on every host. Counters count committed operations (and
 //! rejections, which commit nothing) since this engine started, as Prometheus counters do;
-//! the pending gauges are read from storage and survive restarts.
+//! the gauges are read from storage and survive restarts. No label names a destination:
+//! `admin.destinations` answers per destination, so the series never grow with them.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-
-/// Destinations named in the pending gauges; the rest are summed as `other`.
-pub const TOP_DESTINATIONS: usize = 20;
 
 /// Monotonic counts of what the engine did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -67,24 +65,11 @@ impl Counters {
     }
 }
 
-/// Pending deliveries at one destination (or `other`, the sum beyond the top ones).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pending {
-    /// The destination relay's id, or `other`.
-    pub destination: String,
-    /// Tasks not yet ended (waiting, parked or in flight).
-    pub pending: u64,
-    /// Attempts out now.
-    pub in_flight: u64,
-}
-
 /// Everything the engine reports.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Metrics {
     /// Monotonic counts since the engine started.
     pub counters: Counters,
-    /// The [`TOP_DESTINATIONS`] destinations with most pending deliveries, then `other`.
-    pub pending: Vec<Pending>,
     /// The destinations as a whole, for alerts whose labels do not grow with them.
     pub destinations: Destinations,
 }
@@ -100,6 +85,10 @@ pub struct Destinations {
     pub pending: u64,
     /// Entries ticks set aside and still kept (`admin.deliveries` lists them).
     pub quarantined: u64,
+    /// Attempts out now, at every destination.
+    pub in_flight: u64,
+    /// How long the oldest delivery not yet ended has waited, in ms (0 when none waits).
+    pub oldest_pending_age_ms: u64,
 }
 
 fn escape(label: &str) -> String {
@@ -233,38 +222,26 @@ impl Metrics {
                 "Entries ticks set aside and still kept.",
                 d.quarantined,
             ),
+            (
+                "relay_in_flight_attempts",
+                "Attempts out now, at every destination.",
+                d.in_flight,
+            ),
         ] {
             family(&mut out, name, "gauge", help);
             let _ = writeln!(out, "{name} {v}");
         }
         family(
             &mut out,
-            "relay_pending_deliveries",
+            "relay_oldest_pending_delivery_age_seconds",
             "gauge",
-            "Deliveries not yet ended, per destination (the top ones, then other).",
+            "How long the oldest delivery not yet ended has waited (0 when none waits).",
         );
-        for p in &self.pending {
-            let _ = writeln!(
-                out,
-                "relay_pending_deliveries{{destination=\"{}\"}} {}",
-                escape(&p.destination),
-                p.pending
-            );
-        }
-        family(
-            &mut out,
-            "relay_in_flight_attempts",
-            "gauge",
-            "Attempts out now, per destination (the top ones, then other).",
+        let _ = writeln!(
+            out,
+            "relay_oldest_pending_delivery_age_seconds {}",
+            d.oldest_pending_age_ms as f64 / 1000.0
         );
-        for p in &self.pending {
-            let _ = writeln!(
-                out,
-                "relay_in_flight_attempts{{destination=\"{}\"}} {}",
-                escape(&p.destination),
-                p.in_flight
-            );
-        }
         out
     }
 }
@@ -277,15 +254,12 @@ mod tests {
     fn the_exposition_names_every_family_and_escapes_labels() {
         let mut m = Metrics::default();
         Counters::bump(&mut m.counters.accepted, "cross");
-        m.pending.push(Pending {
-            destination: "https://r.example/\"x\"".into(),
-            pending: 3,
-            in_flight: 1,
-        });
+        Counters::bump(&mut m.counters.failed, "a \"quoted\" code".to_string());
+        m.destinations.oldest_pending_age_ms = 1500;
         let text = m.to_prometheus();
         assert!(text.contains("relay_messages_accepted_total{kind=\"cross\"} 1\n"));
-        assert!(text
-            .contains("relay_pending_deliveries{destination=\"https://r.example/\\\"x\\\"\"} 3\n"));
+        assert!(text.contains("relay_deliveries_failed_total{code=\"a \\\"quoted\\\" code\"} 1\n"));
+        assert!(text.contains("relay_oldest_pending_delivery_age_seconds 1.5\n"));
         assert!(text.contains("# TYPE relay_deliveries_delivered_total counter\n"));
     }
 }

@@ -33,7 +33,7 @@ mod timeline;
 mod txn;
 
 pub use config::{Config, Policies};
-pub use effect::{Acceptance, Effect, Outcome, PeerMethod};
+pub use effect::{Acceptance, Effect, OperatorAction, Outcome, PeerMethod};
 pub use storage::{MemoryStore, Storage, StorageError};
 
 use crate::wire::canonical;
@@ -524,12 +524,12 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         )
     }
 
-    /// What the engine counted since it started, and the pending deliveries per destination.
-    pub fn metrics(&mut self) -> Result<metrics::Metrics, StorageError> {
-        let (pending, destinations) = context::pending_by_destination(&mut self.store)?;
+    /// What the engine counted since it started, and its destinations' gauges at `now`
+    /// (the host's clock, as every call takes it: the oldest pending delivery's age).
+    pub fn metrics(&mut self, now: u64) -> Result<metrics::Metrics, StorageError> {
+        let destinations = context::destinations_summary(&mut self.store, now)?;
         Ok(metrics::Metrics {
             counters: self.counters.clone(),
-            pending,
             destinations,
         })
     }

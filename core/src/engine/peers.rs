@@ -3,7 +3,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
-use super::records::{PeerRec, TaskState};
+use super::records::{PeerRec, TaskRec, TaskState};
 use super::storage::Storage;
 use super::Entropy;
 use crate::Error;
@@ -52,12 +52,17 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         Ok(true)
     }
 
-    /// One more (or one fewer) delivery pending at `relay`, for the operator's metrics.
-    pub(crate) fn count_pending(&mut self, relay: &str, more: bool) -> Result<(), Error> {
+    /// One more (or one fewer) delivery pending at the task's destination, for the operator,
+    /// with its place in the destination's age index (`pending_since`).
+    pub(crate) fn count_pending(&mut self, id: &str, t: &TaskRec, more: bool) -> Result<(), Error> {
+        let relay = t.target.as_str();
         let mut p = self.peer(relay)?;
+        let since = k::pending_since(relay, t.accepted_at, id);
         p.pending = if more {
+            self.txn.put_raw(since, Vec::new());
             p.pending.saturating_add(1)
         } else {
+            self.txn.delete(since);
             p.pending.saturating_sub(1)
         };
         self.save_peer(relay, &p);
@@ -65,13 +70,19 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     }
 
     /// Counts a failure at a destination (for the operator, and to know when it is back).
-    pub(crate) fn note_peer_failure(&mut self, relay: &str, code: &str) -> Result<(), Error> {
+    pub(crate) fn note_peer_failure(
+        &mut self,
+        relay: &str,
+        code: &str,
+        message: &str,
+    ) -> Result<(), Error> {
         let mut p = self.peer(relay)?;
         if p.consecutive_failures == 0 {
             p.failing_since = Some(self.now);
         }
         p.consecutive_failures = p.consecutive_failures.saturating_add(1);
         p.last_error = Some(code.to_string());
+        p.last_error_message = Some(message.to_string());
         self.save_peer(relay, &p);
         Ok(())
     }
@@ -108,7 +119,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             if let Some(mut t) = self.task_or_skip(&id)? {
                 let at = self.now.max(t.not_before).min(t.deadline);
                 if t.state == TaskState::Waiting && t.outage {
-                    let old = t.next_at;
+                    let old = self.slot(&t);
                     t.outage = false;
                     t.next_at = t.next_at.min(at);
                     self.reindex(&id, old, &t);

@@ -286,6 +286,9 @@ pub(crate) struct TaskRec {
     /// When the latest attempt left.
     #[serde(default)]
     pub sent_at: u64,
+    /// When the source accepted it (its destination's oldest pending age counts from here).
+    #[serde(default)]
+    pub accepted_at: u64,
 }
 
 /// A destination's health, for scheduling and the operator.
@@ -308,6 +311,12 @@ pub(crate) struct PeerRec {
     /// Held by the operator (`admin.destination.pause`): no attempt starts until resumed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// Deliveries to it that ended failed and are still kept (until their retention ends).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed: u64,
+    /// The message that came with `last_error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error_message: Option<String>,
 }
 
 /// A token bucket, in thousandths of a token.

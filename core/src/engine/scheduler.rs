@@ -4,19 +4,49 @@
 use super::context::Ctx;
 use super::keyspace as k;
 use super::metrics::Counters;
-use super::records::{SweepRec, TaskRec, TaskState};
+use super::records::{PeerRec, SweepRec, TaskRec, TaskState};
 use super::storage::Storage;
 use super::{Effect, Entropy};
 use crate::wire::canonical;
 use crate::wire::json::{Object, Value};
 use crate::Error;
 
+/// A task's place in the time indexes before a change: its due time, and whether it was
+/// in its destination's retry index.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot {
+    pub next_at: u64,
+    pub retry: bool,
+}
+
 impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
-    /// Moves the task's due entry from its old time to `t.next_at` (or removes it when done).
-    pub(crate) fn reindex(&mut self, id: &str, old_next: u64, t: &TaskRec) {
-        self.txn.delete(k::due(old_next, id));
+    /// Where a task stands in the indexes, taken before it changes (for [`Self::reindex`]).
+    pub(crate) fn slot(&self, t: &TaskRec) -> Slot {
+        Slot {
+            next_at: t.next_at,
+            retry: self.waits_for_retry(t),
+        }
+    }
+
+    /// Whether the task waits for a retry at another relay (or a sibling shard): it is in
+    /// that destination's retry index, whose first entry is the destination's next attempt.
+    fn waits_for_retry(&self, t: &TaskRec) -> bool {
+        t.state == TaskState::Waiting && t.attempt > 0 && !self.is_local(t)
+    }
+
+    /// Moves the task's due entry (and its destination's retry entry) from where `old` was
+    /// to `t.next_at`, or removes them when it is done.
+    pub(crate) fn reindex(&mut self, id: &str, old: Slot, t: &TaskRec) {
+        self.txn.delete(k::due(old.next_at, id));
         if t.state != TaskState::Done {
             self.txn.put_raw(k::due(t.next_at, id), Vec::new());
+        }
+        if old.retry {
+            self.txn.delete(k::retry_at(&t.target, old.next_at, id));
+        }
+        if self.waits_for_retry(t) {
+            self.txn
+                .put_raw(k::retry_at(&t.target, t.next_at, id), Vec::new());
         }
         self.rescheduled = true;
     }
@@ -59,7 +89,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// Schedules a retry `wait` from now, no earlier than `not_before`, never past the deadline.
     pub(crate) fn retry_after(&mut self, id: &str, mut t: TaskRec, wait: u64) -> Result<(), Error> {
-        let old_next = t.next_at;
+        let old = self.slot(&t);
         let at = self
             .now
             .saturating_add(wait)
@@ -70,7 +100,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         if t.outage {
             self.txn.put_raw(k::outage(&t.target, id), Vec::new());
         }
-        self.reindex(id, old_next, &t);
+        self.reindex(id, old, &t);
         self.save_task(id, &t);
         Ok(())
     }
@@ -94,6 +124,14 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             } else if target.starts_with(&account_prefix) {
                 // An account row is never simply deleted: this is a former home's check.
                 self.forget_former(&target)?;
+            } else if let Some((relay, _)) = k::by_destination_parts(&target) {
+                // Only a failed delivery's listing expires: its destination keeps one fewer.
+                let relay = relay.to_string();
+                if let Some(mut peer) = self.txn.get::<PeerRec>(&k::destination(&relay))? {
+                    peer.failed = peer.failed.saturating_sub(1);
+                    self.save_peer(&relay, &peer);
+                }
+                self.txn.delete(target);
             } else {
                 self.txn.delete(target);
             }

@@ -349,6 +349,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             route_error: None,
             outage: false,
             sent_at: 0,
+            accepted_at: self.now,
         };
         // For local delivery the parsed deliver params go along, so it neither
         // re-parses them nor verifies the envelope again (it just verified).

@@ -94,6 +94,8 @@ pub enum Event {
         /// The failure's code.
         error_code: Option<String>,
     },
+    /// An operator action took effect: the host writes one audit log line for it, always.
+    OperatorAction(crate::engine::OperatorAction),
     /// Hand `body` to sibling shard `shard` as a public `POST {path}` (its own events run
     /// as any call's), and drop the answer: a sharded relay's shards sharing a route.
     ShardCall {
@@ -742,6 +744,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     status,
                     error_code,
                 },
+                Effect::OperatorAction(a) => Event::OperatorAction(a),
                 Effect::ShardCall { shard, path, body } => Event::ShardCall { shard, path, body },
             })
             .collect()

@@ -533,6 +533,18 @@ impl<'a> Sim<'a> {
                 Effect::ShardCall { .. } => {
                     panic!("a relay of one shard handed a call to a sibling shard")
                 }
+                Effect::OperatorAction(a) => assert!(
+                    matches!(
+                        a.action,
+                        "destination.retry"
+                            | "delivery.retry"
+                            | "destination.pause"
+                            | "destination.resume"
+                            | "quarantine.drop"
+                            | "quarantine.requeue"
+                    ),
+                    "{a:?}"
+                ),
                 Effect::Accepted(a) => {
                     AccountId::parse(&a.from).expect("an acceptance names its sender");
                     AccountId::parse(&a.to).expect("an acceptance names its recipient");

@@ -244,3 +244,26 @@ pub fn status_of(v: &Value) -> String {
         .unwrap_or("")
         .to_string()
 }
+
+/// An account whose route names `relay` (which need not be up); never registered anywhere.
+pub fn stranger(c: &mut Client, relay: &str) -> User {
+    let key = AccountKey::generate(&mut c.rng);
+    let device = DeviceKey::generate(&mut c.rng);
+    let cert =
+        draft::certificate(NET, &key, &device, &["send", "sync", "manage"], now_ms()).sign(&key);
+    User {
+        key,
+        device,
+        cert,
+        relay: relay.to_string(),
+        session: String::new(),
+    }
+}
+
+/// An empty directory of its own under the system's temporary directory.
+pub fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("relay-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}

@@ -44,8 +44,16 @@ pub fn parse_command(
                 "url": c.url,
                 "authorization": c.authorization,
                 "body": String::from_utf8_lossy(&c.body),
+                "view": c.view.as_str(),
             }})
         }
     };
     Ok(out.to_string())
+}
+
+/// A 200 admin answer as `relay-node admin` prints it: the same table or line `relay admin`
+/// prints (`view` as the parsed call named it; `raw` prints the body as it came).
+#[wasm_bindgen(js_name = renderAnswer)]
+pub fn render_answer(view: &str, body: &str) -> String {
+    relay_settings::render(relay_settings::View::named(view), body.as_bytes())
 }

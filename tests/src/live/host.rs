@@ -273,6 +273,25 @@ impl Relay {
         flag.or(env).unwrap_or(1)
     }
 
+    /// Runs the operator's command line, `relay admin --data DATA --shard K ARGS` (the
+    /// wasmtime host's binary, which reaches any host through the admin.url and
+    /// admin.token the relay wrote): whether it succeeded, and what it printed.
+    pub fn relayctl(&self, shard: u32, args: &[&str]) -> (bool, String) {
+        let bin = target_dir().join("release/relay");
+        let out = Command::new(&bin)
+            .arg("admin")
+            .arg("--data")
+            .arg(&self.data)
+            .arg("--shard")
+            .arg(shard.to_string())
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    }
+
     /// The operator token it keeps in its data directory.
     pub fn admin_token(&self) -> String {
         // Both hosts keep the token's bytes as base64url text; the bearer is that text.
