@@ -1,5 +1,6 @@
 //! Scale checks: a sync page on a small and a large timeline, a tick with few and many
-//! pending deliveries, and the memory of the component host as accepted messages pile up.
+//! pending deliveries, the memory of the component host as accepted messages pile up, and
+//! an operator's `admin.destinations` page over many destinations (issue 32).
 //!
 //! Loading uses commit groups of [`GROUP`] calls (as the hosts do under load), so that
 //! building a large store is bound by CPU, not by one fsync per message.
@@ -10,6 +11,7 @@ use crate::report::{Report, Sample};
 use relay_core::engine::group::Grouped;
 use relay_core::engine::storage::{Entry, Write};
 use relay_core::engine::{Engine, Storage, StorageError};
+use relay_host_wasmtime::guest;
 use relay_host_wasmtime::now_ms;
 use relay_host_wasmtime::store::{AnyStore, SqliteStore};
 use std::cell::RefCell;
@@ -28,9 +30,13 @@ pub struct Scale {
     pub small: usize,
     /// The large timeline (`--scale-large`).
     pub large: usize,
-    /// The many pending deliveries of the tick check.
+    /// The many pending deliveries of the tick check, and of the destinations check (over
+    /// a tenth as many destinations).
     pub pending: usize,
 }
+
+/// Deliveries per destination in the destinations check.
+const PER_DESTINATION: usize = 10;
 
 /// A grouped SQLite store shared with the bench (the engine owns its store).
 #[derive(Clone)]
@@ -238,11 +244,98 @@ fn ticks(rep: &mut Report, sc: &Scale, db: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `admin.destinations` pages (100 rows, the default) on the wasmtime component over SQLite
+/// holding `sc.pending` pending deliveries to a tenth as many destinations: the operator's
+/// listing reads each destination's counters and the first key of its two time indexes,
+/// never the deliveries, so a page costs the same whatever waits behind it.
+fn destinations(rep: &mut Report, sc: &Scale, component: &Path, db: &Path) -> anyhow::Result<()> {
+    let mut fx = fixture::build(fixture::INPROC_RELAY, 0, 0, 13);
+    let mut w = Wasm::load(component, AnyStore::Sqlite(inproc::sqlite(db)?))?;
+    let tokens = register(&mut w, &fx)?;
+    let count = (sc.pending / PER_DESTINATION).max(1);
+    let peer = |i: usize| format!("https://peer-{i:05}.example");
+    let mut sends = Vec::with_capacity(CHUNK);
+    for i in 0..count {
+        sends.extend(fx.more_sends(PER_DESTINATION, Some(&peer(i))));
+        if sends.len() >= CHUNK || i + 1 == count {
+            for group in sends.chunks(GROUP) {
+                w.core().begin_group();
+                for (s, p) in group {
+                    let (st, b) = w.call(As::Session(&tokens[*s]), "message.send", p);
+                    anyhow::ensure!(st == 200, "send: {}", String::from_utf8_lossy(&b));
+                }
+                w.core().flush_group().map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            sends.clear();
+        }
+    }
+    let pending = count * PER_DESTINATION;
+    let n = 200;
+    let mut lat = Vec::with_capacity(n);
+    let started = Instant::now();
+    for i in 0..n {
+        // A page from a spread of places, the first one included.
+        let after = match i {
+            0 => String::new(),
+            _ => format!(
+                ",\"after\":\"{}\"",
+                peer(spread(i as u64, count.saturating_sub(100) as u64) as usize)
+            ),
+        };
+        let p = format!("{{\"limit\":100{after}}}");
+        let t = Instant::now();
+        let r = w.core().call(
+            &guest::Caller::Operator,
+            "admin.destinations",
+            p.as_bytes(),
+            now_ms(),
+        );
+        lat.push(t.elapsed());
+        let rows = relay_core::wire::json::parse(&r.body)
+            .ok()
+            .and_then(|v| match v {
+                relay_core::wire::json::Value::Object(o) => match o.get("destinations") {
+                    Some(relay_core::wire::json::Value::Array(l)) => Some(l.len()),
+                    _ => None,
+                },
+                _ => None,
+            });
+        anyhow::ensure!(
+            r.status == 200 && rows == Some(100.min(count)),
+            "admin.destinations: {} {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    rep.add(
+        "scale: wasmtime component",
+        "sqlite",
+        None,
+        Sample::new(
+            &format!("admin.destinations page (100) of {count} destinations, {pending} pending"),
+            lat,
+            started.elapsed(),
+        ),
+    );
+    Ok(())
+}
+
 /// Runs the scale checks.
 pub fn run(rep: &mut Report, sc: &Scale, component: &Path, scratch: &Path) -> anyhow::Result<()> {
     eprintln!("scale: timeline {} and {} records", sc.small, sc.large);
     timeline(rep, sc, component, &scratch.join("scale-timeline.sqlite"))?;
     eprintln!("scale: ticks with {} and {} pending", sc.small, sc.pending);
     ticks(rep, sc, &scratch.join("scale-ticks.sqlite"))?;
+    eprintln!(
+        "scale: admin.destinations over {} pending to {} destinations",
+        sc.pending,
+        sc.pending / PER_DESTINATION
+    );
+    destinations(
+        rep,
+        sc,
+        component,
+        &scratch.join("scale-destinations.sqlite"),
+    )?;
     Ok(())
 }

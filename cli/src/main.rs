@@ -58,6 +58,13 @@ TOOLS:
     verify [--certificate FILE] [--network NAME] [--at MS]
                                  a signed object on stdin: `valid` or the failing check
 
+OPERATOR (a running relay of any host, through its admin listener; `relayctl admin --help`):
+    admin [--data DIR] [--url ADMIN_URL] [--shard K] [--json]
+          destinations [--failing] [--paused] | deliveries [pending|failed]
+          | retry DESTINATION | retry-delivery FROM MESSAGE_ID | pause|resume DESTINATION
+          | quarantine | quarantine-drop ID | quarantine-requeue ID | backup FILE | metrics
+                                 a table for a listing, a line for an action (--json: the answer)
+
 GLOBAL OPTIONS:
     --profile FILE   the profile (default $RELAYCTL_PROFILE, else ./relayctl.json)
     --timeout SECS   one HTTP call's limit before its outcome counts as unknown (default 30)
@@ -190,6 +197,9 @@ fn wait_of(a: &Args) -> Result<Duration, CliError> {
 }
 
 fn run(args: Vec<String>) -> Result<u8, CliError> {
+    if args.first().is_some_and(|a| a == "admin") {
+        return Ok(admin(&args[1..]));
+    }
     let (g, args) = globals(args)?;
     let stdout = std::io::stdout();
     let out = &mut stdout.lock();
@@ -354,6 +364,58 @@ fn read_stdin() -> Result<Vec<u8>, CliError> {
         .read_to_end(&mut buf)
         .map_err(|e| CliError::Input(format!("reading stdin: {e}")))?;
     Ok(buf)
+}
+
+/// `relayctl admin ...`: the operator's calls (`relay admin`'s, from the definition every
+/// host shares), through the admin listener of a relay of any host: a table for a
+/// listing, a line for an action, or the answer as it came with `--json`. The exit code:
+/// 0 on a 200 answer, 1 on another answer or none, 2 on a command line it cannot take.
+fn admin(argv: &[String]) -> u8 {
+    use relay_settings::Parsed;
+    let a = match relay_settings::parse_admin("relayctl admin", argv.iter().cloned()) {
+        Ok(Parsed::Admin(a)) => a,
+        Ok(Parsed::Print(text)) => {
+            print!("{text}");
+            return 0;
+        }
+        Ok(Parsed::Serve(_)) => return 2,
+        Err(e) => {
+            eprint!("{e}");
+            return 2;
+        }
+    };
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| e.to_string());
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let call = match a.call(read, &cwd) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("relayctl admin: {e}");
+            return 1;
+        }
+    };
+    let http = relay_cli::transport::Http::new(std::time::Duration::from_secs(60));
+    match http.admin(
+        call.method,
+        &call.url,
+        call.authorization.as_deref(),
+        &call.body,
+    ) {
+        Ok((200, body)) => {
+            print!("{}", relay_settings::render(call.view, &body));
+            0
+        }
+        Ok((status, body)) => {
+            eprintln!(
+                "relayctl admin: status {status}: {}",
+                String::from_utf8_lossy(&body).trim_end()
+            );
+            1
+        }
+        Err(e) => {
+            eprintln!("relayctl admin: {e}");
+            1
+        }
+    }
 }
 
 fn main() -> ExitCode {

@@ -63,6 +63,39 @@ impl Http {
         read_answer(resp)
     }
 
+    /// One operator request to a relay's admin listener (`relayctl admin`): `GET` (metrics)
+    /// or `POST` with the operator's bearer token. The status and the whole body, or why
+    /// there is none.
+    pub fn admin(
+        &self,
+        method: &str,
+        url: &str,
+        authorization: Option<&str>,
+        body: &[u8],
+    ) -> Result<(u16, Vec<u8>), String> {
+        let resp = if method == "GET" {
+            self.agent.get(url).call()
+        } else {
+            let mut req = self
+                .agent
+                .post(url)
+                .header("content-type", "application/json");
+            if let Some(a) = authorization {
+                req = req.header("authorization", a);
+            }
+            req.send(body)
+        };
+        let mut resp = resp.map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_ANSWER)
+            .read_to_vec()
+            .map_err(|e| format!("{url}: {e}"))?;
+        Ok((status, bytes))
+    }
+
     /// GETs `{relay}/.well-known/relay`.
     pub fn well_known(&self, relay: &str) -> Result<Object, CallError> {
         let url = format!("{relay}/.well-known/relay");

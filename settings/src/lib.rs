@@ -166,6 +166,29 @@ where
     }
 }
 
+/// `admin` alone, under another binary's name (`relayctl admin`): the same operator calls,
+/// flags and checks as `relay admin`, for the client's command line. `argv` follows `admin`.
+pub fn parse_admin<I, S>(bin: &'static str, argv: I) -> Result<Parsed, Error>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    /// Operator tools against a running relay of any host, through its admin listener.
+    #[derive(Parser)]
+    struct AdminOnly {
+        #[command(flatten)]
+        args: admin::AdminArgs,
+    }
+    let mut command = AdminOnly::command().name(bin).bin_name(bin);
+    let words = std::iter::once(bin.to_string()).chain(argv.into_iter().map(Into::into));
+    let matches = match command.try_get_matches_from_mut(words) {
+        Ok(m) => m,
+        Err(e) => return clap_outcome(e),
+    };
+    let only = AdminOnly::from_arg_matches(&matches).map_err(|e| Error(e.render().to_string()))?;
+    Ok(Parsed::Admin(only.args.into()))
+}
+
 /// Help and version are printed and succeed; every other clap error is a usage error.
 fn clap_outcome(e: clap::Error) -> Result<Parsed, Error> {
     use clap::error::ErrorKind;

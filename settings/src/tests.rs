@@ -494,3 +494,31 @@ fn admin_answers_print_as_tables_and_lines_and_as_they_came_under_json() {
         "{q}"
     );
 }
+
+#[test]
+fn relayctl_admin_takes_the_same_operator_calls_under_its_own_name() {
+    let files = |p: &Path| match p.file_name().and_then(|n| n.to_str()) {
+        Some("admin.url") => Ok("http://127.0.0.1:5/\n".to_string()),
+        Some("admin.token") => Ok("tok\n".to_string()),
+        _ => Err("no".to_string()),
+    };
+    let Ok(Parsed::Admin(a)) =
+        parse_admin("relayctl admin", ["--json", "destinations", "--failing"])
+    else {
+        panic!("not an admin call")
+    };
+    let c = a.call(files, Path::new("/")).unwrap();
+    assert_eq!(
+        (c.url.as_str(), c.body.as_slice(), c.view),
+        (
+            "http://127.0.0.1:5/admin/v1/destinations?shard=0",
+            &br#"{"failing":true}"#[..],
+            View::Raw
+        )
+    );
+    let e = parse_admin("relayctl admin", ["pause"]).unwrap_err();
+    assert!(
+        e.0.contains("Usage: relayctl admin pause <DESTINATION>"),
+        "{e}"
+    );
+}

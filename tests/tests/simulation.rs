@@ -3605,6 +3605,68 @@ impl Sim {
         }
     }
 
+    /// Every page of an operator listing (`admin.destinations`, `admin.deliveries`) of
+    /// node `n`: the rows under `list`, following `next`.
+    fn every_row(&mut self, n: usize, method: &str, base: &Object, list: &str) -> Vec<Value> {
+        let mut rows = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut p = base.clone();
+            p.insert("limit", 1000u64);
+            if let Some(a) = &after {
+                p.insert("after", a.as_str());
+            }
+            let bytes = canonical::object_to_vec(&p);
+            let (r, _, _) = self.call_op(n, &Caller::Operator, method, &bytes);
+            let v = r
+                .result
+                .unwrap_or_else(|e| self.fail(format!("{method} at r{n} with faults off: {e:?}")));
+            rows.extend(field(&v, list).and_then(array).unwrap_or_default());
+            match field(&v, "next").and_then(Value::as_str) {
+                Some(next) => after = Some(next.to_string()),
+                None => return rows,
+            }
+        }
+    }
+
+    /// Issue 32: each destination's row agrees with the deliveries themselves, whatever
+    /// the run did (operator actions, restarts, storage faults, moves): its `pending` is
+    /// the number of pending deliveries listed to it, it has an oldest pending time exactly
+    /// when something is pending, and a next attempt only then.
+    fn check_destination_rows(&mut self) {
+        for n in 0..self.w.nodes.len() {
+            let mut pending: BTreeMap<String, u64> = BTreeMap::new();
+            let mut only = Object::new();
+            only.insert("state", "pending");
+            for d in self.every_row(n, "admin.deliveries", &only, "deliveries") {
+                if let Some(dest) = field(&d, "destination").and_then(Value::as_str) {
+                    *pending.entry(dest.to_string()).or_default() += 1;
+                }
+            }
+            for row in self.every_row(n, "admin.destinations", &Object::new(), "destinations") {
+                let Some(dest) = field(&row, "destination").and_then(Value::as_str) else {
+                    continue;
+                };
+                let int = |name: &str| field(&row, name).and_then(Value::as_protocol_int);
+                let want = pending.remove(dest).unwrap_or(0);
+                let oldest = int("oldest_pending_at");
+                if int("pending") != Some(want)
+                    || oldest.is_some() != (want > 0)
+                    || (int("next_attempt_at").is_some() && want == 0)
+                {
+                    self.fail(format!(
+                        "r{n}'s row for {dest} disagrees with its {want} pending deliveries: {row:?}"
+                    ));
+                }
+            }
+            if !pending.is_empty() {
+                self.fail(format!(
+                    "r{n} has pending deliveries to destinations it does not list: {pending:?}"
+                ));
+            }
+        }
+    }
+
     fn final_checks(&mut self) {
         // The oracle reads with faults off.
         self.arm(false);
@@ -3629,6 +3691,7 @@ impl Sim {
         }
         self.check_one_home();
         self.check_former_accepts_nothing();
+        self.check_destination_rows();
         // Where each message is: (relay, account, seq, record).
         let mut found: BTreeMap<String, Vec<(usize, usize, u64, Seen)>> = BTreeMap::new();
         for (&(relay, acct), tl) in &self.timelines {

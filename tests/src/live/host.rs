@@ -273,11 +273,16 @@ impl Relay {
         flag.or(env).unwrap_or(1)
     }
 
-    /// Runs the operator's command line, `relay admin --data DATA --shard K ARGS` (the
-    /// wasmtime host's binary, which reaches any host through the admin.url and
-    /// admin.token the relay wrote): whether it succeeded, and what it printed.
+    /// Runs the operator's command line, `relayctl admin --data DATA --shard K ARGS`
+    /// (which reaches a relay of any host through the admin.url and admin.token it
+    /// wrote): whether it succeeded, and what it printed.
     pub fn relayctl(&self, shard: u32, args: &[&str]) -> (bool, String) {
-        let bin = target_dir().join("release/relay");
+        let bin = target_dir().join("release/relayctl");
+        assert!(
+            bin.exists(),
+            "{} is missing: build it with `./x test` (or `cargo build --release -p relay-cli`)",
+            bin.display()
+        );
         let out = Command::new(&bin)
             .arg("admin")
             .arg("--data")
