@@ -128,33 +128,37 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
         if method.starts_with("admin.") && *caller != Caller::Operator {
             return Err(Error::new(ErrorCode::PermissionDenied, "operator only"));
         }
-        match method {
-            "session.open" => self.session_open(p),
-            "account.register" => self.account_register(caller, p),
-            "account.update" => self.account_update(caller, p),
-            "device.register" => self.device_register(caller, p),
-            "device.revoke" => self.device_revoke(caller, p),
-            "device.list" => self.device_list(caller, p),
-            "route.get" => self.route_get(p),
-            "route.publish" => self.route_publish(caller, p),
-            "contact.revoke" => self.contact_revoke(caller, p),
-            "message.send" => self.message_send(caller, p),
-            "message.deliver" => self.message_deliver(caller, p),
-            "message.delivery.status" => self.delivery_status(caller, p),
-            "message.timeline.sync" => self.timeline_sync(caller, p),
-            "admin.deliveries" => self.admin_deliveries(p),
-            "admin.destinations" => self.admin_destinations(p),
-            "admin.destination.retry" => self.admin_destination_retry(p),
-            "admin.delivery.retry" => self.admin_delivery_retry(p),
-            "admin.destination.pause" => self.admin_destination_hold(p, true),
-            "admin.destination.resume" => self.admin_destination_hold(p, false),
-            "admin.quarantine" => self.admin_quarantine(p),
-            "admin.quarantine.drop" => self.admin_quarantine_act(p, false),
-            "admin.quarantine.requeue" => self.admin_quarantine_act(p, true),
-            _ => Err(Error::new(
+        use crate::transport::method::Method as M;
+        let Some(m) = M::parse(method) else {
+            return Err(Error::new(
                 ErrorCode::NotFound,
                 format!("unknown method {method:?}"),
-            )),
+            ));
+        };
+        // Exhaustive over the one typed list: a method added there must be dispatched here.
+        match m {
+            M::SessionOpen => self.session_open(p),
+            M::AccountRegister => self.account_register(caller, p),
+            M::AccountUpdate => self.account_update(caller, p),
+            M::DeviceRegister => self.device_register(caller, p),
+            M::DeviceRevoke => self.device_revoke(caller, p),
+            M::DeviceList => self.device_list(caller, p),
+            M::RouteGet => self.route_get(p),
+            M::RoutePublish => self.route_publish(caller, p),
+            M::ContactRevoke => self.contact_revoke(caller, p),
+            M::MessageSend => self.message_send(caller, p),
+            M::MessageDeliver => self.message_deliver(caller, p),
+            M::DeliveryStatus => self.delivery_status(caller, p),
+            M::TimelineSync => self.timeline_sync(caller, p),
+            M::AdminDeliveries => self.admin_deliveries(p),
+            M::AdminDestinations => self.admin_destinations(p),
+            M::AdminDestinationRetry => self.admin_destination_retry(p),
+            M::AdminDeliveryRetry => self.admin_delivery_retry(p),
+            M::AdminDestinationPause => self.admin_destination_hold(p, true),
+            M::AdminDestinationResume => self.admin_destination_hold(p, false),
+            M::AdminQuarantine => self.admin_quarantine(p),
+            M::AdminQuarantineDrop => self.admin_quarantine_act(p, false),
+            M::AdminQuarantineRequeue => self.admin_quarantine_act(p, true),
         }
     }
 

@@ -150,31 +150,18 @@ pub fn error_body(e: &Error) -> Value {
     Value::Object(outer)
 }
 
-/// Every method the engine dispatches (protocol.md §4 and `admin.*`), in dispatch order.
-pub const METHODS: [&str; 22] = [
-    "session.open",
-    "account.register",
-    "account.update",
-    "device.register",
-    "device.revoke",
-    "device.list",
-    "route.get",
-    "route.publish",
-    "contact.revoke",
-    "message.send",
-    "message.deliver",
-    "message.delivery.status",
-    "message.timeline.sync",
-    "admin.deliveries",
-    "admin.destinations",
-    "admin.destination.retry",
-    "admin.delivery.retry",
-    "admin.destination.pause",
-    "admin.destination.resume",
-    "admin.quarantine",
-    "admin.quarantine.drop",
-    "admin.quarantine.requeue",
-];
+/// Every method the engine dispatches (protocol.md §4 and `admin.*`), in dispatch order:
+/// the wire names of the one typed list, [`crate::transport::method::Method::ALL`].
+pub const METHODS: [&str; crate::transport::method::Method::ALL.len()] = {
+    let all = crate::transport::method::Method::ALL;
+    let mut names = [""; crate::transport::method::Method::ALL.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = all[i].as_str();
+        i += 1;
+    }
+    names
+};
 
 /// A method name as a metrics label: a method of [`METHODS`], or `other` (names come from callers).
 fn known_method(method: &str) -> String {
