@@ -8,6 +8,9 @@ use relay_core::wire::json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// How long after the core decides an attempt it may reach the proxy (see invariant 4).
+const DEPARTURE_SLACK_MS: u64 = 100;
+
 /// A message a client had accepted by its source.
 #[derive(Clone, Debug)]
 pub struct Sent {
@@ -151,9 +154,15 @@ pub fn verify(
             .collect();
         mine.sort_by_key(|(_, h)| h.at);
         for (i, (target, h)) in mine.iter().enumerate() {
-            // 4. Nothing is delivered at or after the deadline (25 ms: the proxy logs on arrival).
+            // 4. Nothing is delivered at or after the deadline. The proxy logs on arrival,
+            // and an attempt the core started before its deadline leaves only after the
+            // host has committed that decision durably (a group commit and its fsync), which
+            // on a loaded two-core machine running every host at once took up to 43 ms: the
+            // slack is 100 ms. The engine's own tests hold the deadline to the millisecond
+            // (tests/tests/seed_deadlines_retries.rs); this one catches a host that attempts
+            // past it, by a retry or a stale timer.
             assert!(
-                h.at < deadline + 25,
+                h.at < deadline + DEPARTURE_SLACK_MS,
                 "invariant 4: message.deliver of {} at {} after its deadline {deadline}",
                 m.id,
                 h.at
