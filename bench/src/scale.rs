@@ -70,6 +70,19 @@ fn spread(i: u64, range: u64) -> u64 {
     i.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17) % range.max(1)
 }
 
+/// Sends each `(sender, params)` through the component, [`GROUP`] calls per commit group.
+fn send_grouped(w: &mut Wasm, tokens: &[String], sends: &[(usize, Vec<u8>)]) -> anyhow::Result<()> {
+    for group in sends.chunks(GROUP) {
+        w.core().begin_group();
+        for (s, p) in group {
+            let (st, b) = w.call(As::Session(&tokens[*s]), "message.send", p);
+            anyhow::ensure!(st == 200, "send: {}", String::from_utf8_lossy(&b));
+        }
+        w.core().flush_group().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(())
+}
+
 /// Sends until the recipient's timeline holds `until` records, in commit groups.
 fn load_timeline(
     w: &mut Wasm,
@@ -80,14 +93,7 @@ fn load_timeline(
 ) -> anyhow::Result<()> {
     while *have < until {
         let sends = fx.more_sends(CHUNK.min(until - *have), None);
-        for group in sends.chunks(GROUP) {
-            w.core().begin_group();
-            for (s, p) in group {
-                let (st, b) = w.call(As::Session(&tokens[*s]), "message.send", p);
-                anyhow::ensure!(st == 200, "send: {}", String::from_utf8_lossy(&b));
-            }
-            w.core().flush_group().map_err(|e| anyhow::anyhow!("{e}"))?;
-        }
+        send_grouped(w, tokens, &sends)?;
         *have += sends.len();
     }
     Ok(())
@@ -258,14 +264,7 @@ fn destinations(rep: &mut Report, sc: &Scale, component: &Path, db: &Path) -> an
     for i in 0..count {
         sends.extend(fx.more_sends(PER_DESTINATION, Some(&peer(i))));
         if sends.len() >= CHUNK || i + 1 == count {
-            for group in sends.chunks(GROUP) {
-                w.core().begin_group();
-                for (s, p) in group {
-                    let (st, b) = w.call(As::Session(&tokens[*s]), "message.send", p);
-                    anyhow::ensure!(st == 200, "send: {}", String::from_utf8_lossy(&b));
-                }
-                w.core().flush_group().map_err(|e| anyhow::anyhow!("{e}"))?;
-            }
+            send_grouped(&mut w, &tokens, &sends)?;
             sends.clear();
         }
     }

@@ -85,15 +85,8 @@ impl Http {
             }
             req.send(body)
         };
-        let mut resp = resp.map_err(|e| format!("{url}: {e}"))?;
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .body_mut()
-            .with_config()
-            .limit(MAX_ANSWER)
-            .read_to_vec()
-            .map_err(|e| format!("{url}: {e}"))?;
-        Ok((status, bytes))
+        let resp = resp.map_err(|e| format!("{url}: {e}"))?;
+        read_body(resp).map_err(|e| format!("{url}: {e}"))
     }
 
     /// GETs `{relay}/.well-known/relay`.
@@ -109,15 +102,21 @@ impl Http {
 }
 
 /// Reads a whole answer (at most `MAX_ANSWER` bytes); a read that breaks off is an unknown outcome.
-fn read_answer(mut resp: ureq::http::Response<ureq::Body>) -> Result<Object, CallError> {
+fn read_answer(resp: ureq::http::Response<ureq::Body>) -> Result<Object, CallError> {
+    let (status, bytes) = read_body(resp)
+        .map_err(|e| CallError::Transport(TransportError::Unknown(e.to_string())))?;
+    answer(status, &bytes)
+}
+
+/// An answer's status and whole body (at most `MAX_ANSWER` bytes).
+fn read_body(mut resp: ureq::http::Response<ureq::Body>) -> Result<(u16, Vec<u8>), ureq::Error> {
     let status = resp.status().as_u16();
     let bytes = resp
         .body_mut()
         .with_config()
         .limit(MAX_ANSWER)
-        .read_to_vec()
-        .map_err(|e| CallError::Transport(TransportError::Unknown(e.to_string())))?;
-    answer(status, &bytes)
+        .read_to_vec()?;
+    Ok((status, bytes))
 }
 
 /// Reads an HTTP answer: 200 with a result object, or an error object.

@@ -5,31 +5,15 @@ mod common;
 use common::*;
 use relay_core::wire::json::Value;
 use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Stdio;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_have_a_line_per_accepted_message_and_per_ended_delivery_with_ids_only() {
     let port = relay_tests::live::host::free_port();
     let url = format!("http://127.0.0.1:{port}");
-    let mut relay = Command::new(env!("CARGO_BIN_EXE_relay"))
-        .args(["serve", "--memory", "--log-format", "json", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .env("RELAY_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("relay starts");
+    let json = ["--memory", "--log-format", "json"].map(std::ffi::OsStr::new);
+    let mut relay = serve_process(&json, port, Stdio::piped()).await;
     let mut c = Client::new(2104);
-    let mut up = false;
-    for _ in 0..400 {
-        if let Ok((200, _)) = c.http.get(&format!("{url}/readyz")).await {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "the relay did not come up");
     let alice = c.register(&url, true).await;
     let bob = c.register(&url, true).await;
     let m = c.message(&alice, &bob, "a secret text");
@@ -98,48 +82,25 @@ async fn every_operator_action_is_an_audit_log_line() {
     let port = relay_tests::live::host::free_port();
     let url = format!("http://127.0.0.1:{port}");
     let data = scratch("audit");
-    let mut relay = Command::new(env!("CARGO_BIN_EXE_relay"))
-        .args(["serve", "--log-format", "json", "--data"])
-        .arg(&data)
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .env("RELAY_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("relay starts");
+    let args = [
+        std::ffi::OsStr::new("--log-format"),
+        "json".as_ref(),
+        "--data".as_ref(),
+        data.as_os_str(),
+    ];
+    let mut relay = serve_process(&args, port, Stdio::piped()).await;
     let mut c = Client::new(2105);
-    let mut up = false;
-    for _ in 0..400 {
-        if let Ok((200, _)) = c.http.get(&format!("{url}/readyz")).await {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "the relay did not come up");
     // One delivery to a destination that is down, so the relay knows the destination.
     let dead = format!("http://127.0.0.1:{}", relay_tests::live::host::free_port());
     let alice = c.register(&url, true).await;
-    let dan = stranger(&mut c, &dead);
+    let dan = c.user(&dead);
     c.publish(&url, &dan).await;
     let m = c.message(&alice, &dan, "to a relay that is down");
     let (s, v) = c.send(&alice, &m).await;
     assert_eq!(s, 200, "{v:?}");
     let relayctl = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_relay"))
-            .arg("admin")
-            .arg("--data")
-            .arg(&data)
-            .args(args)
-            .output()
-            .expect("relay admin runs");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "relay admin {args:?}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (ok, text) = relay_admin(&data, args);
+        assert!(ok, "relay admin {args:?}: {text}");
         text
     };
     let said = relayctl(&["pause", &dead]);

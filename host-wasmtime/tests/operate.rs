@@ -104,7 +104,7 @@ async fn the_metrics_agree_with_a_known_mix_of_messages() {
     let alice = c.register(&a.url, true).await;
     let carol = c.register(&a.url, true).await;
     let bob = c.register(&b.url, true).await;
-    let dan = stranger(&mut c, &dead);
+    let dan = c.user(&dead);
     c.publish(&a.url, &bob).await;
     c.publish(&a.url, &dan).await;
 

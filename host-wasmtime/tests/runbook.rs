@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// A relay process over `data`, killed when dropped.
@@ -19,41 +19,15 @@ impl Drop for Proc {
 }
 
 async fn start(data: &std::path::Path, port: u16) -> Proc {
-    let p = Proc(
-        Command::new(env!("CARGO_BIN_EXE_relay"))
-            .args(["serve", "--data"])
-            .arg(data)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .args(["--policy", "retry_initial=300", "--policy", "retry_max=600"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("relay starts"),
-    );
-    let c = Client::new(2106);
-    let url = format!("http://127.0.0.1:{port}/readyz");
-    for _ in 0..400 {
-        if let Ok((200, _)) = c.http.get(&url).await {
-            return p;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the relay did not come up");
-}
-
-/// `relay admin --data DATA ARGS...`: whether it succeeded, and what it printed.
-fn admin(data: &std::path::Path, args: &[String]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
-        .arg("admin")
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .output()
-        .expect("relay admin runs");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    let args = [
+        std::ffi::OsStr::new("--data"),
+        data.as_os_str(),
+        "--policy".as_ref(),
+        "retry_initial=300".as_ref(),
+        "--policy".as_ref(),
+        "retry_max=600".as_ref(),
+    ];
+    Proc(serve_process(&args, port, Stdio::null()).await)
 }
 
 /// The `relay admin` lines of the runbook's shell blocks, comments removed, in order.
@@ -93,7 +67,7 @@ async fn every_runbook_command_works_against_a_live_relay() {
     let mut c = Client::new(2107);
     let dead = format!("http://127.0.0.1:{}", relay_tests::live::host::free_port());
     let alice = c.register(&url, true).await;
-    let dan = stranger(&mut c, &dead);
+    let dan = c.user(&dead);
     c.publish(&url, &dan).await;
     let m = c.message(&alice, &dan, "to a peer that is down");
     let (s, v) = c.send(&alice, &m).await;
@@ -142,7 +116,7 @@ async fn every_runbook_command_works_against_a_live_relay() {
             relay = start(&data, port).await;
             let began = Instant::now();
             quarantined = loop {
-                let (ok, json) = admin(&data, &["--json".into(), "quarantine".into()]);
+                let (ok, json) = relay_admin(&data, &["--json", "quarantine"]);
                 assert!(ok, "{json}");
                 let v = relay_core::wire::json::parse(json.trim().as_bytes()).expect("JSON");
                 let first = relay_tests::field(&v, "quarantined")
@@ -172,7 +146,7 @@ async fn every_runbook_command_works_against_a_live_relay() {
                 other => other.to_string(),
             })
             .collect();
-        let (ok, said) = admin(&data, &args);
+        let (ok, said) = relay_admin(&data, &args);
         assert!(ok, "relay admin {args:?}: {said}");
         match verb.as_str() {
             "destinations" => assert!(said.contains(&dead), "{args:?}: {said}"),
@@ -180,10 +154,7 @@ async fn every_runbook_command_works_against_a_live_relay() {
             "quarantine-requeue" => {
                 // Its cause is still there: the tick sets it aside again, with no harm done.
                 let began = Instant::now();
-                while !admin(&data, &["quarantine".into()])
-                    .1
-                    .contains(&quarantined)
-                {
+                while !relay_admin(&data, &["quarantine"]).1.contains(&quarantined) {
                     assert!(
                         began.elapsed() < Duration::from_secs(20),
                         "not set aside again"
@@ -192,7 +163,7 @@ async fn every_runbook_command_works_against_a_live_relay() {
                 }
             }
             "quarantine-drop" => {
-                let (_, left) = admin(&data, &["quarantine".into()]);
+                let (_, left) = relay_admin(&data, &["quarantine"]);
                 assert!(left.contains("(0 entries)"), "{left}");
             }
             "backup" => assert!(data.join("backup.sqlite").exists(), "{said}"),

@@ -245,25 +245,58 @@ pub fn status_of(v: &Value) -> String {
         .to_string()
 }
 
-/// An account whose route names `relay` (which need not be up); never registered anywhere.
-pub fn stranger(c: &mut Client, relay: &str) -> User {
-    let key = AccountKey::generate(&mut c.rng);
-    let device = DeviceKey::generate(&mut c.rng);
-    let cert =
-        draft::certificate(NET, &key, &device, &["send", "sync", "manage"], now_ms()).sign(&key);
-    User {
-        key,
-        device,
-        cert,
-        relay: relay.to_string(),
-        session: String::new(),
-    }
-}
-
 /// An empty directory of its own under the system's temporary directory.
 pub fn scratch(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("relay-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch directory");
     dir
+}
+
+/// `relay serve ARGS... --listen 127.0.0.1:PORT` (stdout discarded, stderr as `stderr`
+/// says), once it answers `/readyz`; panics if it never does.
+pub async fn serve_process(
+    args: &[&std::ffi::OsStr],
+    port: u16,
+    stderr: std::process::Stdio,
+) -> std::process::Child {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+        .arg("serve")
+        .args(args)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("RELAY_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("relay starts");
+    let http = admin_client();
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    for _ in 0..400 {
+        if let Ok((200, _)) = http.get(&url).await {
+            return child;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the relay did not come up");
+}
+
+/// `relay admin --data DATA ARGS...`: whether it succeeded, and what it printed (stdout,
+/// then stderr).
+pub fn relay_admin<S: AsRef<std::ffi::OsStr>>(
+    data: &std::path::Path,
+    args: &[S],
+) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+        .arg("admin")
+        .arg("--data")
+        .arg(data)
+        .args(args)
+        .output()
+        .expect("relay admin runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
 }
