@@ -70,9 +70,23 @@ export class MemoryStorage implements Storage {
   readonly size: number;
 }
 
+/**
+ * The SQLite a runtime offers: `bun:sqlite` on Bun, `node:sqlite` on Node 22.13+ and Deno 2.2+,
+ * `better-sqlite3` where the user installed it (Node 20's only way to disk storage).
+ */
+export type SqliteDriver = 'node:sqlite' | 'bun:sqlite' | 'better-sqlite3';
+
 export class SqliteStorage implements Storage {
-  /** `exclusive` (default true): hold the database's lock while open, so a second relay on it fails. */
-  constructor(file: string, opts?: { exclusive?: boolean });
+  /**
+   * `exclusive` (default true): hold the database's lock while open, so a second relay on it
+   * fails. `driver`: which SQLite (default: the first the runtime offers, in the order of
+   * `SqliteDriver`); none offered throws an Error that names the fix.
+   */
+  constructor(file: string, opts?: { exclusive?: boolean; driver?: SqliteDriver });
+  /** The SQLite it runs on. */
+  readonly driver: SqliteDriver;
+  /** True: each commit is a sync to disk, so the relay groups them. */
+  readonly durable: boolean;
   get(key: Uint8Array): Uint8Array | null;
   scan(start: Uint8Array, end: Uint8Array, limit: number): Array<[Uint8Array, Uint8Array]>;
   commit(writes: Array<[Uint8Array, Uint8Array | null]>): void;
@@ -218,6 +232,8 @@ export interface RelayOptions extends ServeOptions {
   storage?: 'sqlite' | 'memory' | Storage;
   /** Data directory: SQLite database, relay key, operator token. */
   data?: string;
+  /** Which SQLite `storage: 'sqlite'` runs on (default: the first the runtime offers). */
+  sqliteDriver?: SqliteDriver;
   /** Engine tunables. */
   engine?: { attempt_timeout?: number; max_in_flight_per_destination?: number };
   /** Where `serve` puts the admin listener (admin API, /metrics, /healthz, /readyz), `HOST:PORT`. Default `127.0.0.1:0`. */
@@ -242,6 +258,8 @@ export class Relay extends EventEmitter {
   readonly adminToken: string;
   /** The data directory, if any (where `serve` writes `admin.url`). */
   readonly data: string | null;
+  /** The storage the core runs on (a SqliteStorage, a MemoryStorage, or the caller's). */
+  readonly storage: Storage;
   readonly adminListen: string;
   readonly log: Log;
   /** Calls that entered the core. */

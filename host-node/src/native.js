@@ -1,17 +1,37 @@
 // The Node host's native crypto: the core's own strict Ed25519 and SHA-256, compiled
-// natively (host-node/native, a Node-API addon built into pkg/relay_native.node).
+// natively (host-node/native, a Node-API addon).
 //
-// The wasmtime host offers the core native verification through its imports; this
-// is the same offer for Node. The addon runs the very functions the core would run
-// in wasm, so verdicts are identical; without it the core does the work itself.
+// The wasmtime host offers the core native verification through its imports; this is the
+// same offer for Node. The addon runs the very functions the core would run in wasm, so
+// verdicts are identical; without it the core does the work itself (about half the send rate:
+// docs/performance.md).
+//
+// It ships the napi-rs way: one npm package per platform (`relay-node-linux-x64-gnu`, ...),
+// each an optional dependency of relay-node that npm installs only where its `os`, `cpu` and
+// `libc` match. This module loads the package named for the running platform and no other;
+// in a checkout it loads the one `./x test` built into `npm/<platform>/`.
 
+import fs from 'node:fs';
 import { createRequire } from 'node:module';
 
 const require = createRequire(import.meta.url);
-const ADDON = new URL('../pkg/relay_native.node', import.meta.url);
 
 /** @type {{verifyEd25519?: Function, sha256Into?: Function} | null | undefined} */
 let loaded;
+
+/**
+ * The running platform as npm packages name it (`linux-x64-gnu`, `darwin-arm64`, ...).
+ * @returns {string}
+ */
+export function platform() {
+  const { platform: os, arch } = process;
+  if (os !== 'linux') return `${os}-${arch}`;
+  /** @type {any} */
+  const report = process.report?.getReport?.();
+  const glibc = report?.header?.glibcVersionRuntime;
+  const musl = !glibc && fs.existsSync(`/lib/ld-musl-${arch === 'x64' ? 'x86_64' : 'aarch64'}.so.1`);
+  return `linux-${arch}-${musl ? 'musl' : 'gnu'}`;
+}
 
 /**
  * The host crypto to give the core, or null when the addon is missing or fails to load.
@@ -31,10 +51,15 @@ export function hostCrypto() {
 
 /** The addon itself (also for tests that compare it with the core's own verification), or null. */
 export function addon() {
-  try {
-    return require(ADDON.pathname);
-  } catch (e) {
-    if (process.env.RELAY_NATIVE_REQUIRED === '1') throw e;
-    return null;
+  const name = platform();
+  const tried = [];
+  for (const where of [`relay-node-${name}`, new URL(`../npm/${name}/relay_native.node`, import.meta.url).pathname]) {
+    try {
+      return require(where);
+    } catch (e) {
+      tried.push(`${where}: ${e.code ?? e.message}`);
+    }
   }
+  if (process.env.RELAY_NATIVE_REQUIRED === '1') throw new Error(`no native crypto for ${name} (${tried.join('; ')})`);
+  return null;
 }

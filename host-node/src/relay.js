@@ -424,6 +424,7 @@ export class Relay extends EventEmitter {
  * @param {object} [opts.policies] protocol.md §7 policies to override
  * @param {'sqlite'|'memory'|object} [opts.storage] default `sqlite` when `data` is given, else memory
  * @param {string} [opts.data] data directory (SQLite database, relay key, operator token)
+ * @param {'node:sqlite'|'bun:sqlite'|'better-sqlite3'} [opts.sqliteDriver] which SQLite (default: the first the runtime offers)
  * @param {object} [opts.engine] `{attempt_timeout, max_in_flight_per_destination}`
  * @param {object} [opts.crypto] the host crypto offered to the core (default: the native addon's; a relay thread wraps it)
  * @param {string} [opts.adminListen] where `serve` puts the admin listener (default `127.0.0.1:0`)
@@ -446,7 +447,7 @@ export async function createRelay(opts) {
   const owned = typeof storage === 'string';
   if (storage === 'sqlite') {
     if (!opts.data) throw new Error('sqlite storage needs a data directory');
-    storage = new SqliteStorage(path.join(opts.data, 'relay.sqlite'));
+    storage = new SqliteStorage(path.join(opts.data, 'relay.sqlite'), { driver: opts.sqliteDriver });
   } else if (storage === 'memory') {
     storage = new MemoryStorage();
   }

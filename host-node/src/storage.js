@@ -1,10 +1,10 @@
-// Storages for the core: SQLite through better-sqlite3 (the default) and in memory.
+// Storages for the core: SQLite (the runtime's own, or better-sqlite3: sqlite.js) and in memory.
 //
 // The core needs get, ordered scan and an atomic batch commit, all
 // synchronous. Keys are compared as bytes. The keys and values the core hands over are
 // fresh Uint8Arrays of their own, so they are kept and bound as they are, never copied.
 
-import Database from 'better-sqlite3';
+import { sqliteDriver } from './sqlite.js';
 import SortedBTree from 'sorted-btree';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -58,39 +58,44 @@ export class MemoryStorage {
 export class SqliteStorage {
   /**
    * @param {string} file
-   * @param {{exclusive?: boolean}} [opts] exclusive (the default): hold the database lock while open
+   * @param {{exclusive?: boolean, driver?: string}} [opts] exclusive (the default): hold the database lock while open;
+   *   driver: `node:sqlite`, `bun:sqlite` or `better-sqlite3` (default: the first the runtime offers, in that order but Bun's first)
    */
-  constructor(file, { exclusive = true } = {}) {
+  constructor(file, { exclusive = true, driver } = {}) {
+    const sqlite = sqliteDriver(driver);
     fs.mkdirSync(path.dirname(file), { recursive: true, mode: 0o700 });
     // Created 0600 before SQLite opens it (SQLite gives its journal files the database's mode).
     fs.closeSync(fs.openSync(file, 'a', 0o600));
     // A relay that holds the database keeps it: waiting long for it only delays the error.
-    this.db = new Database(file, { timeout: 1000 });
+    this.db = sqlite.open(file);
+    /** Which SQLite the runtime gave (`node:sqlite`, `bun:sqlite`, `better-sqlite3`). */
+    this.driver = sqlite.name;
     try {
+      this.db.exec('PRAGMA busy_timeout = 1000');
       // The relay is the database's only user (as in the wasmtime host): no lock calls per
       // read, the WAL index in the heap (set before WAL mode is entered), a second relay on
       // the same directory fails at start instead of interleaving, and reads go through a
       // memory map.
-      if (exclusive) this.db.pragma('locking_mode = EXCLUSIVE');
-      this.db.pragma('journal_mode = WAL');
-      this.db.pragma('synchronous = FULL');
-      this.db.pragma(`mmap_size = ${256 * 1024 * 1024}`);
+      if (exclusive) this.db.exec('PRAGMA locking_mode = EXCLUSIVE');
+      this.db.exec('PRAGMA journal_mode = WAL');
+      this.db.exec('PRAGMA synchronous = FULL');
+      this.db.exec(`PRAGMA mmap_size = ${256 * 1024 * 1024}`);
       // Take the lock now, not at the first write.
       if (exclusive) this.db.exec('BEGIN EXCLUSIVE; COMMIT;');
     } catch (e) {
       this.db.close();
-      if (e.code === 'SQLITE_BUSY' || e.code === 'SQLITE_LOCKED') throw new Error(`${file}: ${e.message} (is another relay using it?)`);
+      if (/SQLITE_BUSY|SQLITE_LOCKED|database is locked/.test(`${e.code} ${e.message}`)) throw new Error(`${file}: ${e.message} (is another relay using it?)`);
       throw e;
     }
     /** Commits cost an fsync: the host groups them (core.js). */
     this.durable = true;
     this.db.exec('CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID');
-    this.getStmt = this.db.prepare('SELECT v FROM kv WHERE k = ?').pluck();
+    this.getStmt = this.db.prepare('SELECT v FROM kv WHERE k = ?');
     // No `LIMIT ?`: SQLite (3.46 and later) recompiles a statement every time a LIMIT
     // parameter is bound. Rows come in key order, so `rows` stops stepping at the limit.
-    this.scanStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k').raw();
+    this.scanStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k');
     // A literal LIMIT is compiled once, unlike a bound one.
-    this.firstStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT 1').raw();
+    this.firstStmt = this.db.prepare('SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT 1');
     this.putStmt = this.db.prepare('INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)');
     this.delStmt = this.db.prepare('DELETE FROM kv WHERE k = ?');
     /** Operations in the commit being made: the host sets it while the core flushes a group. */
@@ -108,7 +113,7 @@ export class SqliteStorage {
     });
   }
   get(key) {
-    return this.getStmt.get(key) ?? null;
+    return this.getStmt.value(key) ?? null;
   }
   scan(start, end, limit) {
     return this.rows(start, end, limit);
@@ -119,11 +124,11 @@ export class SqliteStorage {
     // The engine's most frequent scan asks for one row (the next wake-up, twice per
     // operation): a single step, without an iterator.
     if (limit === 1) {
-      const row = this.firstStmt.get(start, end);
+      const row = this.firstStmt.first(start, end);
       return row === undefined ? [] : [row];
     }
     const out = [];
-    for (const row of this.scanStmt.iterate(start, end)) {
+    for (const row of this.scanStmt.rows(start, end)) {
       out.push(row);
       if (out.length >= limit) break;
     }
@@ -137,7 +142,7 @@ export class SqliteStorage {
   }
   /** Whether the database is open. */
   get isOpen() {
-    return this.db.open;
+    return this.db.isOpen();
   }
   /**
    * Copies the database to `file` with SQLite's online backup API while the relay runs.
@@ -154,11 +159,10 @@ export class SqliteStorage {
     fs.rmSync(partial, { force: true });
     fs.closeSync(fs.openSync(partial, 'wx', 0o600));
     try {
-      // Large steps: few turns of the event loop between them; commits may run in between.
-      await this.db.backup(partial, { progress: () => 4096 });
-      const copy = new Database(partial);
+      await this.db.backup(partial);
+      const copy = sqliteDriver(this.driver).open(partial);
       try {
-        copy.pragma('journal_mode = DELETE');
+        copy.exec('PRAGMA journal_mode = DELETE');
       } finally {
         copy.close();
       }

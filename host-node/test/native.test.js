@@ -1,4 +1,4 @@
-// The Node host's native crypto (pkg/relay_native.node) and the core's own verification in wasm
+// The Node host's native crypto (npm/<platform>/relay_native.node, the package relay-node-<platform>) and the core's own verification in wasm
 // give the same verdict, error kind included, on every external Ed25519 vector; the host's
 // SHA-256 is SHA-256; and the core takes the host's verdicts when offered, its own when declined.
 import { test } from 'node:test';
@@ -27,7 +27,7 @@ const native = addon();
 const own = await freshModule();
 
 test('the native addon is built and loads (./x builds it beside the wasm module)', () => {
-  assert.ok(native, 'pkg/relay_native.node did not load');
+  assert.ok(native, 'the native crypto package for this platform did not load');
   assert.equal(typeof native.verifyEd25519, 'function');
   assert.equal(typeof native.sha256Into, 'function');
   assert.ok(hostCrypto(), 'hostCrypto() offers nothing');

@@ -175,11 +175,14 @@ fn build_bindgen_edge() -> Result<()> {
     Ok(())
 }
 
-/// Builds the Node host's native crypto addon (`relay-node-native`) into `pkg/relay_native.node`.
+/// Builds the Node host's native crypto addon (`relay-node-native`) into its platform's npm
+/// package, `host-node/npm/<platform>/` (`relay-node-linux-x64-gnu`, ...), the napi-rs way:
+/// `relay-node` names each platform's package as an optional dependency, npm installs only the
+/// one whose `os`, `cpu` and `libc` match, and `src/native.js` loads that one or none.
 ///
 /// The Node host verifies Ed25519 through it as the wasmtime host does through its import;
-/// without it (another platform, a failed build) the core verifies in wasm.
-fn build_native(pkg: &Path) -> Result<()> {
+/// without it (another platform, a failed install) the core verifies in wasm.
+fn build_native(_pkg: &Path) -> Result<()> {
     let root = root();
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
@@ -197,11 +200,59 @@ fn build_native(pkg: &Path) -> Result<()> {
         std::env::consts::DLL_PREFIX,
         std::env::consts::DLL_SUFFIX
     );
+    let (platform, os, cpu, libc) = node_platform()?;
+    let dir = root.join("host-node/npm").join(&platform);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let from = target.join("release").join(&lib);
-    let to = pkg.join("relay_native.node");
+    let to = dir.join("relay_native.node");
     std::fs::copy(&from, &to).map_err(|e| format!("{}: {e}", from.display()))?;
+    let version = package_version(&root.join("host-node/package.json"))?;
+    let libc = libc
+        .map(|l| format!(",\n  \"libc\": [\"{l}\"]"))
+        .unwrap_or_default();
+    let manifest = format!(
+        "{{\n  \"name\": \"relay-node-{platform}\",\n  \"version\": \"{version}\",\n  \"description\": \"relay-node's native crypto (strict Ed25519, SHA-256) for {platform}\",\n  \"license\": \"Apache-2.0\",\n  \"main\": \"relay_native.node\",\n  \"files\": [\"relay_native.node\"],\n  \"os\": [\"{os}\"],\n  \"cpu\": [\"{cpu}\"]{libc}\n}}\n"
+    );
+    std::fs::write(dir.join("package.json"), manifest).map_err(|e| e.to_string())?;
     println!("{}", display(&to));
     Ok(())
+}
+
+/// This machine's platform as npm and napi-rs name it: `linux-x64-gnu`, with its `os`, `cpu`
+/// and `libc` fields.
+fn node_platform() -> Result<(String, &'static str, &'static str, Option<&'static str>)> {
+    let os = match std::env::consts::OS {
+        "macos" => "darwin",
+        "windows" => "win32",
+        other => other,
+    };
+    let cpu = match std::env::consts::ARCH {
+        "x86_64" => "x64",
+        "aarch64" => "arm64",
+        other => return Err(format!("no npm name for the architecture {other}")),
+    };
+    let libc = match (os, cfg!(target_env = "musl")) {
+        ("linux", true) => Some("musl"),
+        ("linux", false) => Some("glibc"),
+        _ => None,
+    };
+    let suffix = match libc {
+        Some("musl") => "-musl",
+        Some(_) => "-gnu",
+        None => "",
+    };
+    Ok((format!("{os}-{cpu}{suffix}"), os, cpu, libc))
+}
+
+/// The `version` of a package.json.
+fn package_version(file: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+    json["version"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{}: no version", file.display()))
 }
 
 fn display(p: &Path) -> String {
