@@ -82,6 +82,10 @@ test('the packed package installs with no compiler and runs the README example o
     assert.deepEqual(installed, ['relay-node', `relay-node-${platform()}`, 'sorted-btree', 'ws'].sort());
     assert.equal(execFileSync('find', [path.join(app, 'node_modules'), '-name', '*.node']).toString().trim().split('\n').length, 1, 'one native binary: this platform\'s');
     report.installed = installed;
+    const manifest = JSON.parse(fs.readFileSync(path.join(app, 'node_modules/relay-node/package.json'), 'utf8'));
+    assert.deepEqual(manifest.optionalDependencies, { [`relay-node-${platform()}`]: manifest.version }, 'each platform package is an optional dependency');
+    assert.equal(manifest.dependencies['better-sqlite3'], undefined, 'better-sqlite3 only as an optional peer');
+    assert.deepEqual(manifest.peerDependenciesMeta, { 'better-sqlite3': { optional: true } });
 
     // 3. The example on each runtime.
     for (const rt of runtimes()) {
