@@ -159,6 +159,9 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
         // The Node build runs in its own process, so it cannot take turns with the native
         // engine: the native engine runs again right after it, and the Node rows are
         // compared with the mean of the two native runs around them.
+        if !skip.iter().any(|s| s == "runtimes") {
+            runtimes(rep, &fx, sz.syncs, &scratch.join("runtimes"))?;
+        }
         eprintln!("native engine again, after node");
         let mut again_mem = inproc::Native::new(inproc::memory());
         let mut again_sql = inproc::Native::new(inproc::sqlite(&db("native-again"))?);
@@ -171,6 +174,39 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
             }
         }
     }
+    Ok(())
+}
+
+/// The package on every runtime it is tested on: in-process send, deliver and sync in memory
+/// and on each runtime's SQLite (`bun:sqlite`, `node:sqlite`, Node 20's `better-sqlite3`), and
+/// Node 20 once more with the core's own wasm crypto instead of the native addon (issue 33's
+/// addon decision); then the packed tarball's size.
+fn runtimes(rep: &mut Report, fx: &fixture::Fixture, syncs: usize, scratch: &Path) -> anyhow::Result<()> {
+    let root = root();
+    for rt in node::Runtime::all(&root)? {
+        eprintln!("{} in-process", rt.name);
+        for (storage, driver, s) in node::run_on(&rt, &root, fx, syncs, scratch)? {
+            let setup = match driver {
+                Some(d) => format!("{} {d}", rt.name),
+                None => rt.name.clone(),
+            };
+            rep.add(&setup, &storage, None, s);
+        }
+    }
+    // `npm pack --dry-run` runs the package's prepack (a build that compiles nothing after
+    // ./x test) and reports what `npm pack` would write.
+    let out = std::process::Command::new("npm")
+        .args(["pack", "--dry-run", "--json"])
+        .current_dir(root.join("host-node"))
+        .stderr(std::process::Stdio::null())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "npm pack --dry-run failed");
+    let packed: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let p = &packed[0];
+    rep.extra.push((
+        "relay-node tarball".into(),
+        serde_json::json!({"file": p["filename"], "bytes": p["size"], "unpacked_bytes": p["unpackedSize"], "files": p["entryCount"]}),
+    ));
     Ok(())
 }
 
@@ -444,7 +480,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: ./x bench [--quick] [--skip inprocess,http,node,wasmtime,edge,shards,scale,memory] \
+    "usage: ./x bench [--quick] [--skip inprocess,http,node,runtimes,wasmtime,edge,shards,scale,memory] \
 [--concurrency 8,32,128] [--scale-large N] [--soak N] [--versus OTHER_RELAY,...] [--out DIR]";
 
 /// Parses the flags; anything unknown or malformed is an error, never a silent full run.
@@ -474,6 +510,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                         "inprocess",
                         "http",
                         "node",
+                        "runtimes",
                         "wasmtime",
                         "edge",
                         "shards",

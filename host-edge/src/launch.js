@@ -14,24 +14,29 @@ import workerdPackage from 'workerd';
 import { secret } from '../../host-node/src/secrets.js';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-const ROOT = path.resolve(HERE, '..');
+/** The package the Worker ships in (relay-node): its module names are paths in it. */
+const ROOT = path.resolve(HERE, '../../host-node');
 
 /** The date the Worker is written for (wrangler.jsonc names the same). */
 export const COMPATIBILITY_DATE = '2026-11-17';
 
 /** The modules of the Worker: its name in workerd (as imports resolve it) and its file. */
 const MODULES = [
-  ['src/worker.js', 'esModule'],
-  ['src/core.js', 'esModule'],
-  ['src/store.js', 'esModule'],
-  ['pkg/relay_wasm.js', 'esModule'],
-  ['pkg/relay_wasm_bg.wasm', 'wasm'],
+  ['src/edge/worker.js', 'esModule'],
+  ['src/edge/core.js', 'esModule'],
+  ['src/edge/store.js', 'esModule'],
+  ['src/kit/step.js', 'esModule'],
+  ['src/kit/group.js', 'esModule'],
+  ['src/kit/requests.js', 'esModule'],
+  ['src/kit/outcome.js', 'esModule'],
+  ['pkg/web/relay_wasm.js', 'esModule'],
+  ['pkg/web/relay_wasm_bg.wasm', 'wasm'],
 ];
 
 /** The command line every host shares (relay-settings, a wasm module the Worker never loads). */
 let settings = null;
 try {
-  settings = await import('../pkg/relay_settings.js');
+  settings = await import('../../host-node/pkg/relay_settings.js');
 } catch {
   settings = null;
 }

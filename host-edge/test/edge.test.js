@@ -17,7 +17,7 @@ import workerdPackage from 'workerd';
 
 const BIN = new URL('../bin/relay-edge', import.meta.url).pathname;
 /** Whether the core the edge host runs (host-edge/pkg) has shards (`RelayCore.shardOf`). */
-const SHARDED = fs.readFileSync(new URL('../pkg/relay_wasm.js', import.meta.url), 'utf8').includes('static shardOf(');
+const SHARDED = fs.readFileSync(new URL('../../host-node/pkg/web/relay_wasm.js', import.meta.url), 'utf8').includes('static shardOf(');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 
@@ -398,9 +398,10 @@ test('a trap on workerd is a WebAssembly.RuntimeError, and reset() gives a fresh
 const config :Workerd.Config = (
   services = [(name = "trap", worker = (compatibilityDate = "2026-11-17", modules = [
     (name = "test/trap-worker.js", esModule = embed ${rel('./trap-worker.js')}),
-    (name = "src/core.js", esModule = embed ${rel('../src/core.js')}),
-    (name = "pkg/relay_wasm.js", esModule = embed ${rel('../pkg/relay_wasm.js')}),
-    (name = "pkg/relay_wasm_bg.wasm", wasm = embed ${rel('../pkg/relay_wasm_bg.wasm')}),
+    (name = "src/edge/core.js", esModule = embed ${rel('../../host-node/src/edge/core.js')}),
+    (name = "src/kit/step.js", esModule = embed ${rel('../../host-node/src/kit/step.js')}),
+    (name = "pkg/web/relay_wasm.js", esModule = embed ${rel('../../host-node/pkg/web/relay_wasm.js')}),
+    (name = "pkg/web/relay_wasm_bg.wasm", wasm = embed ${rel('../../host-node/pkg/web/relay_wasm_bg.wasm')}),
   ]))],
   sockets = [(name = "http", address = "127.0.0.1:${port}", http = (), service = "trap")],
 );

@@ -3,7 +3,7 @@
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { SqlStore, READ_MEMORY } from '../src/store.js';
+import { SqlStore, READ_MEMORY } from '../../host-node/src/edge/store.js';
 
 /** A stand-in for `ctx.storage.sql` over a Map, with transactions, counting its reads. */
 class FakeSql {

@@ -1,6 +1,6 @@
 // A Worker for the trap test (edge.test.js): a core over a storage in memory, a trap in the
 // wasm instance, then `reset()` and a fresh core over the same storage, as an object does.
-import { RelayCore, reset, generation } from '../src/core.js';
+import { RelayCore, reset, generation } from '../src/edge/core.js';
 
 /** The core's storage in memory (keys compared as bytes). */
 class Memory {

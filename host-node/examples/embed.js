@@ -1,31 +1,28 @@
 // The README's JavaScript example, as `./x test` runs it: from the packed relay-node installed
 // into an empty app, on Node 20, 22, 24 and 26, Deno 2 and Bun 1. It prints one JSON line of
-// what it saw; the test reads that line.
+// what it saw; the test reads that line. The README quotes it (a test checks the quotes).
+import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import fs from 'node:fs';
 import { createRelay, serve } from 'relay-node';
 import { Identity } from 'relay-node/client';
 
-const NET = 'dev';
-
-/** An account with one device at `relay` (in-process), and a session for it. */
+// An account with one device at `relay`, and a session for it (the client builders sign in-process).
 function account(relay) {
   const id = new Identity();
-  const certificate = id.certificate(NET, 'send,sync,manage', Date.now() - 1000);
-  const route = id.route(NET, relay.relay, 1, Date.now());
-  const anonymous = { kind: 'anonymous' };
-  relay.call(anonymous, 'account.register', `{"route":${route},"certificate":${certificate},"discoverable":true}`);
-  const { body } = relay.call(anonymous, 'session.open', id.sessionOpen(NET, relay.relay, Date.now()));
+  const certificate = id.certificate('dev', 'send,sync,manage', Date.now() - 1000);
+  const route = id.route('dev', relay.relay, 1, Date.now());
+  relay.call({ kind: 'anonymous' }, 'account.register', `{"route":${route},"certificate":${certificate},"discoverable":true}`);
+  const { body } = relay.call({ kind: 'anonymous' }, 'session.open', id.sessionOpen('dev', relay.relay, Date.now()));
   return { id, certificate, session: { kind: 'session', value: body.session } };
 }
 
-/** Alice sends Bob a message in-process; Bob reads it from his timeline. */
+// Alice sends Bob a message in-process; Bob reads it from his timeline.
 function sendAndRead(relay) {
   const alice = account(relay);
   const bob = account(relay);
-  const sent = relay.call(alice.session, 'message.send', alice.id.message(NET, bob.id.accountId(), `[${bob.certificate}]`, 'hello', Date.now(), false));
+  const sent = relay.call(alice.session, 'message.send', alice.id.message('dev', bob.id.accountId(), `[${bob.certificate}]`, 'hello', Date.now(), false));
   const { body } = relay.call(bob.session, 'message.timeline.sync', { after: 0 });
   return { status: sent.body.status, read: body.entries.map((e) => bob.id.openEntry(JSON.stringify(e))) };
 }
@@ -34,8 +31,9 @@ const seen = { runtime: globalThis.Deno ? `deno ${Deno.version.deno}` : globalTh
 
 // 1. In memory.
 const memory = await createRelay({ relay: 'http://127.0.0.1:1', storage: 'memory' });
+memory.on('notify', ({ account, latest_seq }) => { /* push to the account's devices */ });
 seen.memory = sendAndRead(memory);
-// 2. Bad input: a protocol error with its code, and nothing stored.
+// 2. Bad input: a protocol error with its code (400 invalid_params), and nothing stored.
 const bad = memory.call({ kind: 'anonymous' }, 'account.register', '{"route":');
 seen.bad = { status: bad.status, code: bad.body.error.code };
 await memory.close();
@@ -68,7 +66,7 @@ const post = (method, params) =>
     headers: { 'content-type': 'application/json', authorization: `Bearer ${alice.session.value}` },
     body: params,
   }).then((r) => r.json());
-const self = await post('message.send', alice.id.message(NET, alice.id.accountId(), `[${alice.certificate}]`, 'note to self', Date.now(), false));
+const self = await post('message.send', alice.id.message('dev', alice.id.accountId(), `[${alice.certificate}]`, 'note to self', Date.now(), false));
 const synced = await post('message.timeline.sync', '{"after":0}');
 seen.http = { status: self.status, read: synced.entries.map((e) => alice.id.openEntry(JSON.stringify(e))) };
 await served.close();

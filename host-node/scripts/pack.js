@@ -1,9 +1,10 @@
 // npm pack's two hooks (package.json `prepack` and `postpack`), the napi-rs way.
 //
-// prepack: builds what the tarball carries (the wasm cores and their glue into pkg/, and this
-// platform's native crypto package into npm/<platform>/) with the repository's xtask, then
-// names each platform's native package as an optional dependency at this version, so that npm
-// installs the one matching the user's os, cpu and libc and no other. They are not in the
+// prepack: builds what the tarball carries (the wasm cores and their glue into pkg/, the
+// workerd build into pkg/web/, and this platform's native crypto package into npm/<platform>/)
+// with the repository's xtask, then names each platform's native package as an optional
+// dependency at this version, so that npm installs the one matching the user's os, cpu and
+// libc and no other. They are not in the
 // committed package.json: none of them is published while the checkout is developed, and
 // `npm ci` would look for them. postpack puts the committed package.json back, byte for byte.
 import { execFileSync } from 'node:child_process';
@@ -15,7 +16,9 @@ const saved = new URL('node_modules/.package.json.prepack', root);
 
 const step = process.argv[2];
 if (step === 'prepack') {
-  execFileSync('cargo', ['run', '--locked', '--release', '-q', '-p', 'xtask', '--', 'bindgen'], { cwd: new URL('..', root), stdio: ['ignore', 2, 2] });
+  for (const build of ['bindgen', 'bindgen-edge']) {
+    execFileSync('cargo', ['run', '--locked', '--release', '-q', '-p', 'xtask', '--', build], { cwd: new URL('..', root), stdio: ['ignore', 2, 2] });
+  }
   const text = fs.readFileSync(manifest, 'utf8');
   fs.mkdirSync(new URL('node_modules', root), { recursive: true });
   fs.writeFileSync(saved, text);

@@ -8,6 +8,10 @@ import fs from 'node:fs';
 import vm from 'node:vm';
 import { hostCrypto } from './native.js';
 import { Log, messageOf } from './log.js';
+import { stepOf, frameOf, isTrap } from './kit/step.js';
+import { CommitGroup } from './kit/group.js';
+
+export { stepOf };
 
 /** The core as a classic script (wasm-bindgen's no-modules target): each run of it is an instance of its own. */
 const SCRIPT = new URL('../pkg/relay_wasm_script.js', import.meta.url);
@@ -48,19 +52,9 @@ function loadModule(crypto) {
 const decoder = new TextDecoder();
 
 /**
- * What the core made of a request (or an in-process call), read from its one buffer: an
- * answer `{status, headers, effects?, body}` (the body as bytes, to write as they are), or
- * `{fetch: {relay, url}}`, `{upgrade: {token, account, device_id, expires_at}}`, `{backup: path}`.
- * @typedef {{status: number, headers: Record<string, string>, effects?: object[], body: Uint8Array}} Answer
- * @typedef {Answer | {fetch: {relay: string, url: string, timeout_ms: number}} | {upgrade: {token: string, account: string, device_id: string, expires_at: number, expiry_close: {code: number, reason: string}}} | {backup: string}} Step
- * @param {Uint8Array} bytes @returns {Step}
+ * @typedef {import('./kit/step.js').Answer} Answer
+ * @typedef {import('./kit/step.js').Step} Step
  */
-export function stepOf(bytes) {
-  const nl = bytes.indexOf(10);
-  const head = JSON.parse(decoder.decode(bytes.subarray(0, nl)));
-  if (head.status !== undefined) head.body = bytes.subarray(nl + 1);
-  return head;
-}
 
 /** The core's statics (answers for work it never saw), from a module loaded once per thread. */
 let statics = null;
@@ -151,7 +145,7 @@ function instance(mod, config, storage, seed, operator) {
   try {
     return new mod.RelayCore(config, storage, seed, operator);
   } catch (e) {
-    if (e instanceof WebAssembly.RuntimeError) throw e;
+    if (isTrap(e)) throw e;
     throw new Error(messageOf(e));
   }
 }
@@ -181,8 +175,19 @@ export class Core {
     this.onRecover = null;
     /** Called after a group commit failed: the relay ticks again soon, so no timer is lost. */
     this.onCommitFailed = null;
-    /** Answers of the open commit group, released after its flush: `[reply, resolve]`. */
-    this.group = null;
+    /** The open commit group (the kit's): answers released after its flush. */
+    this.group = new CommitGroup({
+      begin: () => this.inner.beginGroup(),
+      commit: (size) => this.#commitGroup(size),
+      later: (flush) => setImmediate(flush),
+      failed: (e, size) => {
+        this.committing = false;
+        this.log.error(`group commit of ${size} calls failed: ${messageOf(e)}`);
+        if (isTrap(e)) this.#trapped(e);
+        this.onCommitFailed?.();
+      },
+      cap: GROUP_CAP,
+    });
   }
 
   /**
@@ -193,43 +198,33 @@ export class Core {
    * @param {(c: any) => Uint8Array} f
    * @returns {Promise<Step>}
    */
-  grouped(f) {
-    if (!this.storage.durable || GROUP_CAP === 0) return Promise.resolve(this.#step(f, true));
-    if (!this.group) {
-      this.inner.beginGroup();
-      this.group = [];
-      setImmediate(() => this.flushGroup());
-    }
+  async grouped(f) {
+    if (!this.storage.durable || GROUP_CAP === 0) return this.#step(f, true);
+    this.group.enter();
     const reply = this.#step(f, false);
     // The call trapped: the group's writes went with the instance, and its answers with them.
-    if (!this.group) return Promise.resolve(reply);
-    const answer = new Promise((resolve) => this.group.push([reply, resolve]));
-    if (this.group.length >= GROUP_CAP) this.flushGroup();
-    return answer;
+    if (!this.group.open) return reply;
+    return (await this.group.hold(reply)) ?? uncommitted();
   }
 
   /** Commits the open group, then releases its answers (all `internal` if the commit failed). */
   flushGroup() {
-    const group = this.group;
-    if (!group) return;
-    this.group = null;
-    let durable = true;
+    this.group.flush();
+  }
+
+  /**
+   * The core's group commit: one storage commit for the group, which the storage counts as
+   * `batch` operations. A group that wrote nothing commits nothing.
+   * @param {number} size
+   */
+  #commitGroup(size) {
     try {
-      // The core's group commit: one storage commit for the group, which the storage counts
-      // as `batch` operations. A group that wrote nothing commits nothing.
-      this.storage.batch = group.length;
+      this.storage.batch = size;
       this.inner.flushGroup();
       this.committing = true;
-    } catch (e) {
-      durable = false;
-      this.committing = false;
-      this.log.error(`group commit of ${group.length} calls failed: ${messageOf(e)}`);
-      if (e instanceof WebAssembly.RuntimeError) this.#trapped(e);
-      this.onCommitFailed?.();
     } finally {
       this.storage.batch = 1;
     }
-    for (const [reply, resolve] of group) resolve(durable ? reply : uncommitted());
   }
 
   /**
@@ -257,7 +252,7 @@ export class Core {
     try {
       return f(this.inner);
     } catch (e) {
-      if (!(e instanceof WebAssembly.RuntimeError)) throw e;
+      if (!isTrap(e)) throw e;
       this.#trapped(e);
       return fallback;
     }
@@ -269,9 +264,7 @@ export class Core {
     this.healthy = false;
     this.metrics?.trap();
     this.log.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
-    const group = this.group;
-    this.group = null;
-    for (const [, resolve] of group ?? []) resolve(uncommitted());
+    this.group.drop();
     this.#recover();
   }
 
@@ -314,8 +307,7 @@ export class Core {
     // A Node relay has one shard: a frame never waits for a route, so it is always round 0.
     const s = this.guard((c) => c.message(token, origin, text, 0, now), null);
     if (s === null) return { text: core().uncommittedFrame(text) };
-    const nl = s.indexOf('\n');
-    return nl === 0 ? { text: s.slice(1) } : { ...JSON.parse(s.slice(0, nl)), text: s.slice(nl + 1) };
+    return frameOf(s);
   }
   /** Calls a method in process (no commit group). @returns {Answer} */
   call(kind, value, origin, method, params, now) {

@@ -14,6 +14,8 @@ import { Log, messageOf } from './log.js';
 import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
 import { LIMITS } from './limits.js';
 import { secret } from './secrets.js';
+import { KeyFetches, answer, runEvents } from './kit/requests.js';
+import { reported, failure, answered, notSent, unknown } from './kit/outcome.js';
 
 export { secret };
 
@@ -50,10 +52,7 @@ function caList(ca) {
   return (Array.isArray(ca) ? ca : [ca]).map((c) => c.toString());
 }
 
-const EMPTY = new Uint8Array(0);
 const decoder = new TextDecoder();
-/** An exchange's outcome as the core takes it: the answer's status, -1 never sent, -2 sent without an answer. */
-const statusOf = (r) => (r.kind === 'answered' ? r.status : r.kind === 'not_sent' ? -1 : -2);
 
 /**
  * A request read whole, as the core takes it (`Core.handle`).
@@ -112,11 +111,30 @@ export class Relay extends EventEmitter {
     };
     /** Connections go only to checked addresses, unless on `dev` or private peers are allowed. */
     this.lookup = vettedAddresses(this.network, this.outbound.allowPrivatePeers) ? vettedLookup : undefined;
-    /** Key fetches in flight, by relay: requests waiting for the same relay's key share one GET. */
-    this.keyFetches = new Map();
-    /** When (in `fetchSeq`, counting fetches ended) each relay's last key fetch ended. */
-    this.fetchedAt = new Map();
-    this.fetchSeq = 0;
+    /** Key fetches (the kit's): requests waiting for the same relay's key share one GET. */
+    this.keys = new KeyFetches(
+      ({ url, timeout_ms: timeout }) => this.exchange('GET', url, {}, undefined, timeout),
+      (relay, o) => {
+        const why = failure(o);
+        if (why) this.log.debug(`key fetch from ${relay} failed: ${why}`);
+        this.core.keyFetched(relay, ...reported(o), Date.now());
+      },
+    );
+    /** What the core's events do here (the kit runs them). */
+    this.handlers = {
+      send: (e) => this.#attempt(e),
+      wake: (e) => this.#schedule(e.at),
+      notify: (e) => this.emit('notify', { account: e.account, latest_seq: e.latest_seq, frame: e.frame }),
+      close: (e) => this.emit('end_device_sessions', { account: e.account, device_id: e.device_id, code: e.code, reason: e.reason }),
+      accepted: (e) => {
+        if (this.log.events) this.log.event({ event: 'accepted', method: e.method, message_id: e.message_id, from: e.from, to: e.to, status: e.status });
+      },
+      delivery_ended: (e) => {
+        if (this.log.events) this.log.event({ event: 'delivery_ended', message_id: e.message_id, from: e.from, to: e.to, status: e.status, error_code: e.error_code });
+      },
+      // The audit trail: every operator action, whatever the event setting.
+      operator_action: (e) => this.log.info('operator action', { event: 'operator_action', who: 'admin listener', action: e.action, subject: e.subject, touched: e.touched }),
+    };
     // After a trap, whatever call it was, the fresh instance is ticked (which arms its timer).
     core.onRecover = () => this.#schedule(Date.now());
     core.onCommitFailed = () => this.#failed();
@@ -171,24 +189,15 @@ export class Relay extends EventEmitter {
    * @returns {Promise<Answer | {upgrade: {token: string, account: string, device_id: string, expires_at: number, expiry_close: {code: number, reason: string}}}>}
    */
   async handle(req) {
-    // The core counts the rounds: after its bound it answers busy rather than ask again.
-    for (let round = 0; ; round += 1) {
-      this.coreCalls += 1;
-      const seq = this.fetchSeq;
-      const s = await this.core.handle(req, round, Date.now());
-      if ('fetch' in s) {
-        // The answer waits for its commit group: a fetch the core said to wait for may have
-        // ended meanwhile. Then it goes in again at once, rather than fetching a second time.
-        if ((this.fetchedAt.get(s.fetch.relay) ?? -1) < seq || this.keyFetches.has(s.fetch.relay)) await this.#fetchKey(s.fetch);
-        continue;
-      }
-      if ('upgrade' in s) return s;
-      if ('backup' in s) return this.#backup(s.backup);
-      // A step this host does not carry out (a sibling's route: it has one shard) accepted nothing.
-      if (!('status' in s)) return uncommitted();
-      this.#run(s.effects);
-      return { status: s.status, headers: s.headers, body: s.body };
-    }
+    const s = await answer(
+      (round) => {
+        this.coreCalls += 1;
+        return this.core.handle(req, round, Date.now());
+      },
+      { keys: this.keys, backup: (file) => this.#backup(file), run: (events) => this.#run(events), uncommitted },
+    );
+    if ('upgrade' in s) return s;
+    return { status: s.status, headers: s.headers, body: s.body };
   }
 
   /** A WebSocket text message of session `token`: the answer frame, and the close to follow it, if any. */
@@ -197,26 +206,6 @@ export class Relay extends EventEmitter {
     const a = this.core.message(token, origin, text, Date.now());
     if (a.effects) this.#run(a.effects);
     return { text: a.text, close: a.close ?? null };
-  }
-
-  /**
-   * GETs a relay's key document for the core (one GET per relay in flight, within the time
-   * the core gave) and reports it.
-   * @param {{relay: string, url: string, timeout_ms: number}} fetch
-   */
-  #fetchKey({ relay, url, timeout_ms: timeout }) {
-    let p = this.keyFetches.get(relay);
-    if (!p) {
-      p = this.exchange('GET', url, {}, undefined, timeout).then((r) => {
-        if (r.kind !== 'answered' || r.status !== 200) this.log.debug(`key fetch from ${relay} failed: ${r.kind === 'answered' ? `status ${r.status}` : r.why}`);
-        this.core.keyFetched(relay, statusOf(r), r.body ?? EMPTY, Date.now());
-        this.keyFetches.delete(relay);
-        if (this.fetchedAt.size >= 65536) this.fetchedAt.clear();
-        this.fetchedAt.set(relay, this.fetchSeq++);
-      });
-      this.keyFetches.set(relay, p);
-    }
-    return p;
   }
 
   /** `POST /admin/v1/backup`: the core checked the operator and the path; the copy is made here. */
@@ -230,22 +219,9 @@ export class Relay extends EventEmitter {
     }
   }
 
-  /** Runs events: deliveries, wake-ups, notifications, session ends. */
+  /** Runs events: deliveries, wake-ups, notifications, session ends, log events (`this.handlers`). */
   #run(events) {
-    for (const e of events ?? []) {
-      if (e.type === 'send') this.#attempt(e);
-      else if (e.type === 'wake') this.#schedule(e.at);
-      else if (e.type === 'notify') this.emit('notify', { account: e.account, latest_seq: e.latest_seq, frame: e.frame });
-      else if (e.type === 'close') this.emit('end_device_sessions', { account: e.account, device_id: e.device_id, code: e.code, reason: e.reason });
-      else if (e.type === 'accepted' && this.log.events) {
-        this.log.event({ event: 'accepted', method: e.method, message_id: e.message_id, from: e.from, to: e.to, status: e.status });
-      } else if (e.type === 'delivery_ended' && this.log.events) {
-        this.log.event({ event: 'delivery_ended', message_id: e.message_id, from: e.from, to: e.to, status: e.status, error_code: e.error_code });
-      } else if (e.type === 'operator_action') {
-        // The audit trail: every operator action, whatever the event setting.
-        this.log.info('operator action', { event: 'operator_action', who: 'admin listener', action: e.action, subject: e.subject, touched: e.touched });
-      }
-    }
+    runEvents(events, this.handlers);
   }
 
   /** Asks for a tick at `at`: the alarm keeps the earliest. */
@@ -289,19 +265,20 @@ export class Relay extends EventEmitter {
    * (fetch retries a 421 on its own, which would resend a signed request with a used nonce).
    * `not_sent` only when the request could not have reached the peer (no connection, or no
    * TLS session); after that an error or timeout is `unknown`.
+   * @returns {Promise<import('./kit/outcome.js').Outcome>}
    */
   exchange(method, url, headers, body, timeout) {
     let u;
     try {
       u = new URL(url);
     } catch {
-      return Promise.resolve({ kind: 'not_sent', why: 'url' });
+      return Promise.resolve(notSent('url'));
     }
     const refused = refusedUrl(u.href, this.outbound.network, this.outbound.allowPrivatePeers);
     const lib = u.protocol === 'https:' ? https : http;
     if (refused) {
       this.log.warn(`peer refused, not attempted: ${refused}`);
-      return Promise.resolve({ kind: 'not_sent', why: 'refused' });
+      return Promise.resolve(notSent('refused'));
     }
     return new Promise((resolve) => {
       let connected = false;
@@ -312,7 +289,7 @@ export class Relay extends EventEmitter {
         clearTimeout(timer);
         resolve(r);
       };
-      const lost = (why) => (connected ? { kind: 'unknown', why } : { kind: 'not_sent', why });
+      const lost = (why) => (connected ? unknown(why) : notSent(why));
       const all = { ...headers };
       if (body !== undefined) all['content-length'] = Buffer.byteLength(body);
       const options = { method, headers: all, agent: this.agents[u.protocol], ...(this.lookup ? { lookup: this.lookup } : {}) };
@@ -324,8 +301,8 @@ export class Relay extends EventEmitter {
           if (size > MAX_ANSWER) req.destroy(new Error('answer too large'));
           else chunks.push(c);
         });
-        res.on('end', () => finish({ kind: 'answered', status: res.statusCode, body: Buffer.concat(chunks) }));
-        res.on('error', (e) => finish({ kind: 'unknown', why: String(e?.code ?? e) }));
+        res.on('end', () => finish(answered(res.statusCode, Buffer.concat(chunks))));
+        res.on('error', (e) => finish(unknown(String(e?.code ?? e))));
       });
       const timer = setTimeout(() => {
         finish(lost('timeout'));
@@ -350,9 +327,10 @@ export class Relay extends EventEmitter {
     const p = (async () => {
       const started = performance.now();
       const r = await this.exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
-      this.metrics.attempt(statusOf(r), (performance.now() - started) / 1000);
+      const [status, body] = reported(r);
+      this.metrics.attempt(status, (performance.now() - started) / 1000);
       if (this.closed) return;
-      this.#run(this.core.fetched(e.task, e.attempt, statusOf(r), r.body ?? EMPTY, Date.now()));
+      this.#run(this.core.fetched(e.task, e.attempt, status, body, Date.now()));
     })();
     this.inflight.add(p);
     try {

@@ -49,6 +49,24 @@ function pathWithoutRust() {
     .join(':');
 }
 
+test("the README's JavaScript snippets are quoted from the examples the package test runs", () => {
+  const readme = fs.readFileSync(path.join(HERE, '../README.md'), 'utf8');
+  const section = readme.slice(readme.indexOf('### The JavaScript package'), readme.indexOf('### The Node host'));
+  const blocks = [...section.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]);
+  assert.ok(blocks.length >= 3, 'embed, serve and Worker snippets');
+  // A line as compared: trimmed, without a trailing `// comment`.
+  const bare = (l) => l.replace(/\s+\/\/ .*$/, '').trim();
+  const lines = new Set(
+    ['examples/embed.js', 'examples/worker/src/index.js'].flatMap((f) => fs.readFileSync(path.join(HERE, f), 'utf8').split('\n').map(bare)),
+  );
+  for (const block of blocks) {
+    for (const line of block.split('\n').map(bare)) {
+      if (line === '' || line.startsWith('//')) continue;
+      assert.ok(lines.has(line), `README line not in the examples: ${line}`);
+    }
+  }
+});
+
 test('the packed package installs with no compiler and runs the README example on every runtime', async (t) => {
   assert.ok(process.versions.node.startsWith('20.'), `the suite's own Node is 20 (got ${process.versions.node})`);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-pack-'));

@@ -9,7 +9,7 @@
 //! per pair or host, named `scenario::wasmtime_to_node` or `scenario::node`.
 //!
 //! The relays are built by `./x test` (`target/release/relay`, `target/component/`,
-//! `host-node/pkg`, `host-edge/pkg` and workerd) before this suite runs.
+//! `host-node/pkg`, `host-node/pkg/web` and workerd) before this suite runs.
 
 use relay_core::client::DeviceKey;
 use relay_core::wire::canonical;

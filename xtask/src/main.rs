@@ -9,7 +9,7 @@
 //!
 //! `bindgen` generates the Node host's glue for the wasm-bindgen build of the core
 //! (`relay-wasm`) into `host-node/pkg/`; `bindgen-edge` generates the web-target glue of the
-//! same wasm into `host-edge/pkg/`, for workerd.
+//! same wasm into `host-node/pkg/web/`, for workerd (relay-node's `workerd` export).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -159,7 +159,7 @@ fn relay_wasm() -> Result<PathBuf> {
 /// instead; workerd evaluates no code at run time). The same wasm as the Node host's.
 fn build_bindgen_edge() -> Result<()> {
     let stripped = relay_wasm()?;
-    let out = root().join("host-edge/pkg");
+    let out = root().join("host-node/pkg/web");
     let mut b = wasm_bindgen_cli_support::Bindgen::new();
     b.input_path(&stripped)
         .out_name("relay_wasm")
@@ -169,8 +169,6 @@ fn build_bindgen_edge() -> Result<()> {
         .typescript(true);
     b.generate(&out)
         .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
-    // The launcher (src/launch.js, in Node) reads the command line; the Worker never loads it.
-    build_settings_js(&out)?;
     println!("{}", display(&out));
     Ok(())
 }

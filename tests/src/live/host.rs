@@ -333,7 +333,7 @@ impl Relay {
                 // A shell script that writes workerd's config and then becomes workerd (exec):
                 // the child is the relay, so `kill` is a SIGKILL of workerd itself.
                 for (file, how) in [
-                    ("host-edge/pkg/relay_wasm.js", "xtask bindgen-edge"),
+                    ("host-node/pkg/web/relay_wasm.js", "xtask bindgen-edge"),
                     ("host-edge/node_modules/workerd", "npm ci in host-edge"),
                 ] {
                     assert!(

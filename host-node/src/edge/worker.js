@@ -15,8 +15,11 @@ import { DurableObject } from 'cloudflare:workers';
 import { connect } from 'cloudflare:sockets';
 import { Alarm, RelayCore, REQUEST_HEADERS, generation, reset, stepOf, uncommitted, headerText, shardOf } from './core.js';
 import { SqlStore, ShardIndex } from './store.js';
+import { EMPTY, frameOf, isTrap } from '../kit/step.js';
+import { CommitGroup } from '../kit/group.js';
+import { KeyFetches, answer as answerOf, runEvents } from '../kit/requests.js';
+import { answered, notSent, unknown, reported, failure, readAll } from '../kit/outcome.js';
 
-const EMPTY = new Uint8Array(0);
 /** The keys of CONFIG that are the engine's own options (relay-settings' `Engine`). */
 const ENGINE_KEYS = ['attempt_timeout', 'max_in_flight_per_destination'];
 const encoder = new TextEncoder();
@@ -98,35 +101,6 @@ function settingsOf(env) {
 
 /** The stub of shard `k`'s object. @param {any} env @param {number} k */
 const shard = (env, k) => env.RELAY.get(env.RELAY.idFromName(`shard-${k}`));
-
-/**
- * A stream read whole, or null when it is over `limit` bytes (the rest is not read).
- * @param {ReadableStream<Uint8Array> | null} stream @param {number} limit
- * @returns {Promise<Uint8Array | null>}
- */
-async function readAll(stream, limit) {
-  if (!stream) return EMPTY;
-  const chunks = [];
-  let size = 0;
-  const reader = stream.getReader();
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    size += value.byteLength;
-    if (size > limit) {
-      reader.cancel().catch(() => {});
-      return null;
-    }
-    chunks.push(value);
-  }
-  const out = new Uint8Array(size);
-  let at = 0;
-  for (const c of chunks) {
-    out.set(c, at);
-    at += c.byteLength;
-  }
-  return out;
-}
 
 /**
  * A request's body, read within `limit` bytes; a 413 answer when it is over (the declared
@@ -267,10 +241,48 @@ export class RelayShard extends DurableObject {
     this.alarmGen = -1;
     /** Outbound connections (attempts, key fetches, their connection probes): MAX_OUTBOUND at once. */
     this.outbound = new Turns(MAX_OUTBOUND);
-    /** Answers of the open commit group, released after its commit: `[answer, resolve]`. */
-    this.group = null;
-    /** Key fetches in flight, by relay: requests waiting for the same relay's key share one GET. */
-    this.keyFetches = new Map();
+    /** The open commit group (the kit's): the calls of one turn, committed in one `transactionSync`. */
+    this.group = new CommitGroup({
+      begin: () => this.core.beginGroup(),
+      commit: () => this.#commitGroup(),
+      later: (flush) => setTimeout(flush, 0),
+      failed: (e, size) => {
+        if (isTrap(e)) this.#trapped(e);
+        else console.error(`group commit of ${size} calls rolled back: ${e?.message ?? e}`);
+        this.#failed();
+      },
+      cap: GROUP_CAP,
+    });
+    /** Key fetches (the kit's): requests waiting for the same relay's key share one GET. */
+    this.keys = new KeyFetches(
+      ({ url, timeout_ms: timeout }) => this.#exchange('GET', url, {}, undefined, timeout),
+      (relay, o) => {
+        const why = failure(o);
+        if (why) console.warn(`key fetch from ${relay} failed: ${why}`);
+        this.#call((c) => c.keyFetched(relay, ...reported(o), Date.now()), undefined);
+      },
+    );
+    /** What the core's events do here (the kit runs them). */
+    this.handlers = {
+      send: (e) => this.ctx.waitUntil(this.#attempt(e)),
+      wake: (e) => this.#wake(e.at),
+      // A call a sibling shard is handed whose answer nobody needs (a route shared with the shard of its account).
+      shard_call: (e) => this.ctx.waitUntil(this.#internal(e.shard, 'POST', e.path, '', encoder.encode(e.body))),
+      notify: (e) => {
+        for (const ws of this.ctx.getWebSockets(e.account)) trySend(ws, e.frame);
+      },
+      // The audit trail: one JSON line per operator action, always (Workers Logs keeps console output).
+      operator_action: (e) => console.log(JSON.stringify({ event: 'operator_action', who: 'admin listener', action: e.action, subject: e.subject, touched: e.touched })),
+      close: (e) => {
+        for (const ws of this.ctx.getWebSockets(`${e.account} ${e.device_id}`)) {
+          try {
+            ws.close(e.code, e.reason);
+          } catch {
+            // closed already
+          }
+        }
+      },
+    };
     ctx.blockConcurrencyWhile(async () => {
       const armed = await ctx.storage.getAlarm();
       if (armed !== null) this.#alarm().wakeAt(armed);
@@ -343,14 +355,10 @@ export class RelayShard extends DurableObject {
    */
   #grouped(f) {
     // A group of a core that is gone (another object's trap replaced the instance) ends first.
-    if (this.group && (!this.core || this.gen !== generation)) this.#flush();
+    if (this.group.open && (!this.core || this.gen !== generation)) this.group.flush();
     const core = this.#ensure();
     if (!core) return Promise.resolve(null);
-    if (!this.group) {
-      core.beginGroup();
-      this.group = [];
-      setTimeout(() => this.#flush(), 0);
-    }
+    this.group.enter();
     let out;
     try {
       out = f(core);
@@ -359,38 +367,24 @@ export class RelayShard extends DurableObject {
       this.#trapped(e);
       return Promise.resolve(null);
     }
-    const answer = new Promise((resolve) => this.group.push([out, resolve]));
-    if (this.group.length >= GROUP_CAP) this.#flush();
-    return answer;
+    return this.group.hold(out);
   }
 
-  /** Commits the open group in one transaction, then releases its answers (all null if it failed). */
-  #flush() {
-    const group = this.group;
-    if (!group) return;
-    this.group = null;
+  /** Commits the open group's writes in one transaction (throws when it could not). */
+  #commitGroup() {
     this.store.failed = null;
-    let durable = true;
-    try {
-      // The instance was replaced since the group opened (another object's trap): the
-      // group's writes went with it.
-      if (!this.core || this.gen !== generation) throw new Error('the core was replaced before its group committed');
-      this.#transaction(() => {
-        this.core.flushGroup();
-        if (this.store.failed) throw this.store.failed;
-      });
-    } catch (e) {
-      durable = false;
-      if (e instanceof WebAssembly.RuntimeError) this.#trapped(e);
-      else console.error(`group commit of ${group.length} calls rolled back: ${e?.message ?? e}`);
-      this.#failed();
-    }
-    for (const [out, resolve] of group) resolve(durable ? out : null);
+    // The instance was replaced since the group opened (another object's trap): the
+    // group's writes went with it.
+    if (!this.core || this.gen !== generation) throw new Error('the core was replaced before its group committed');
+    this.#transaction(() => {
+      this.core.flushGroup();
+      if (this.store.failed) throw this.store.failed;
+    });
   }
 
   /** After a trap (or a call that threw): the open group answers null, and a fresh instance stands at next use. */
   #trapped(e) {
-    if (e instanceof WebAssembly.RuntimeError) {
+    if (isTrap(e)) {
       console.error(`relay core trapped: ${e.message}; starting a fresh instance over the same storage`);
       this.core?.__destroy_into_raw?.();
       this.core = null;
@@ -402,9 +396,7 @@ export class RelayShard extends DurableObject {
       this.core?.__destroy_into_raw?.();
       this.core = null;
     }
-    const group = this.group;
-    this.group = null;
-    for (const [, resolve] of group ?? []) resolve(null);
+    this.group.drop();
     this.#failed();
   }
 
@@ -416,7 +408,7 @@ export class RelayShard extends DurableObject {
    * @template T @param {(core: any) => T} f @param {T} fallback @returns {T}
    */
   #call(f, fallback) {
-    this.#flush();
+    this.group.flush();
     const core = this.#ensure();
     if (!core) return fallback;
     this.store.failed = null;
@@ -429,7 +421,7 @@ export class RelayShard extends DurableObject {
       });
     } catch (e) {
       // A trap replaces the instance (as in a group); a failed commit only rolls back.
-      if (e instanceof WebAssembly.RuntimeError) this.#trapped(e);
+      if (isTrap(e)) this.#trapped(e);
       else {
         console.error(`core call rolled back: ${e?.message ?? e}`);
         this.#failed();
@@ -490,67 +482,43 @@ export class RelayShard extends DurableObject {
    * fetch, a call that needs a sibling shard's route waits for it; then it goes in again.
    * @returns {Promise<any>}
    */
-  async handle(req) {
-    // The core counts the rounds: after its bound it answers busy rather than ask again.
-    for (let round = 0; ; round += 1) {
-      const out = await this.#grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, round, Date.now()));
-      const s = out === null ? uncommitted() : stepOf(out);
-      if ('fetch' in s) {
-        await this.#fetchKey(s.fetch);
-        continue;
-      }
-      if ('route' in s) {
-        await this.#fetchRoute(s.route);
-        continue;
-      }
-      if ('upgrade' in s) return s;
-      if ('backup' in s) {
-        return answer(404, errorBody('not_found', 'backup: the edge host keeps no database file of its own; Durable Object storage is backed up by the platform'));
-      }
-      if (!('status' in s)) return uncommitted();
-      this.#run(s.effects);
-      return s;
-    }
-  }
-
-  /**
-   * GETs a relay's key document for the core (one GET per relay in flight, within the time
-   * the core gave) and reports it.
-   * @param {{relay: string, url: string, timeout_ms: number}} fetch
-   */
-  #fetchKey({ relay, url, timeout_ms: timeout }) {
-    let p = this.keyFetches.get(relay);
-    if (!p) {
-      p = this.#exchange('GET', url, {}, undefined, timeout).then((r) => {
-        this.keyFetches.delete(relay);
-        if (r.status !== 200) console.warn(`key fetch from ${relay} failed: ${r.why ?? `status ${r.status}`}`);
-        this.#call((c) => c.keyFetched(relay, r.status, r.body, Date.now()), undefined);
-      });
-      this.keyFetches.set(relay, p);
-    }
-    return p;
+  handle(req) {
+    return answerOf(
+      async (round) => {
+        const out = await this.#grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, round, Date.now()));
+        return out === null ? uncommitted() : stepOf(out);
+      },
+      {
+        keys: this.keys,
+        route: (r) => this.#fetchRoute(r),
+        backup: async () => answer(404, errorBody('not_found', 'backup: the edge host keeps no database file of its own; Durable Object storage is backed up by the platform')),
+        run: (events) => this.#run(events),
+        uncommitted,
+      },
+    );
   }
 
   /** Runs `route.get` for `account` on its shard and reports the answer (a sharded relay). */
   async #fetchRoute({ account, shard: k, path, body }) {
     // The core's request for the sibling: route.get of the account.
     const r = await this.#internal(k, 'POST', path, '', encoder.encode(body));
-    this.#call((c) => c.routeFetched(account, r.status, r.body), undefined);
+    this.#call((c) => c.routeFetched(account, ...reported(r)), undefined);
   }
 
   /**
    * A request to a sibling shard's object, as a plain request of the public door from no
-   * address: `{status, body}`, status -2 when it was sent without an answer.
+   * address: its answer, or unknown when it was sent without one.
+   * @returns {Promise<import('../kit/outcome.js').Outcome>}
    */
   async #internal(k, method, path, headers, body) {
     try {
       const h = new Headers({ [SHARD]: String(k) });
       for (let lines = headers.split('\n'), i = 0; i + 1 < lines.length; i += 2) h.set(lines[i], lines[i + 1]);
       const res = await shard(this.env, k).fetch(`https://shard${path}`, { method, headers: h, body: method === 'POST' ? body : undefined });
-      return { status: res.status, body: new Uint8Array(await res.arrayBuffer()) };
+      return answered(res.status, new Uint8Array(await res.arrayBuffer()));
     } catch (e) {
       console.warn(`shard ${k} did not answer: ${e?.message ?? e}`);
-      return { status: -2, body: EMPTY };
+      return unknown(String(e?.message ?? e));
     }
   }
 
@@ -592,15 +560,14 @@ export class RelayShard extends DurableObject {
         trySend(ws, RelayCore.uncommittedFrame(textOf));
         return;
       }
-      const nl = out.indexOf('\n');
-      const head = nl === 0 ? {} : JSON.parse(out.slice(0, nl));
-      if (head.route) {
-        await this.#fetchRoute(head.route);
+      const frame = frameOf(out);
+      if (frame.route) {
+        await this.#fetchRoute(frame.route);
         continue;
       }
-      trySend(ws, out.slice(nl + 1));
-      if (head.close) ws.close(head.close[0], head.close[1]);
-      this.#run(head.effects);
+      trySend(ws, frame.text);
+      if (frame.close) ws.close(frame.close[0], frame.close[1]);
+      this.#run(frame.effects);
       return;
     }
   }
@@ -671,46 +638,30 @@ export class RelayShard extends DurableObject {
     if (at !== undefined) this.ctx.storage.setAlarm(at);
   }
 
-  /** Runs the core's events: deliveries, wake-ups, calls to sibling shards, notifications, session ends. */
+  /** Runs the core's events: deliveries, wake-ups, calls to sibling shards, notifications, session ends (`this.handlers`). */
   #run(events) {
-    for (const e of events ?? []) {
-      if (e.type === 'send') this.ctx.waitUntil(this.#attempt(e));
-      else if (e.type === 'wake') this.#wake(e.at);
-      // A call a sibling shard is handed whose answer nobody needs (a route shared with the shard of its account).
-      else if (e.type === 'shard_call') this.ctx.waitUntil(this.#internal(e.shard, 'POST', e.path, '', encoder.encode(e.body)));
-      else if (e.type === 'notify') for (const ws of this.ctx.getWebSockets(e.account)) trySend(ws, e.frame);
-      // The audit trail: one JSON line per operator action, always (Workers Logs keeps console output).
-      else if (e.type === 'operator_action') {
-        console.log(JSON.stringify({ event: 'operator_action', who: 'admin listener', action: e.action, subject: e.subject, touched: e.touched }));
-      } else if (e.type === 'close') {
-        for (const ws of this.ctx.getWebSockets(`${e.account} ${e.device_id}`)) {
-          try {
-            ws.close(e.code, e.reason);
-          } catch {
-            // closed already
-          }
-        }
-      }
-    }
+    runEvents(events, this.handlers);
   }
 
   /** Carries a `send` event: to a sibling shard's object, or POSTed to its url; reports what became of it. */
   async #attempt(e) {
     const r = e.shard !== undefined && e.shard !== null ? await this.#toSibling(e.shard, e.url, encoder.encode(e.body)) : await this.#exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
     // In the commit group of its turn, like a request: its events run after the commit.
-    this.#run(JSON.parse((await this.#grouped((c) => c.fetched(e.task, e.attempt, r.status, r.body, Date.now()))) ?? '[]'));
+    this.#run(JSON.parse((await this.#grouped((c) => c.fetched(e.task, e.attempt, ...reported(r), Date.now()))) ?? '[]'));
   }
 
   /**
-   * A send event for sibling shard `k`, by JavaScript RPC on its object (`sibling`):
-   * `{status, body}`, status -2 when the call failed without an answer.
+   * A send event for sibling shard `k`, by JavaScript RPC on its object (`sibling`): its
+   * answer, or unknown when the call failed without one.
+   * @returns {Promise<import('../kit/outcome.js').Outcome>}
    */
   async #toSibling(k, url, body) {
     try {
-      return await shard(this.env, k).sibling(k, url, body);
+      const r = await shard(this.env, k).sibling(k, url, body);
+      return answered(r.status, r.body);
     } catch (e) {
       console.warn(`shard ${k} did not answer: ${e?.message ?? e}`);
-      return { status: -2, body: EMPTY };
+      return unknown(String(e?.message ?? e));
     }
   }
 
@@ -730,8 +681,8 @@ export class RelayShard extends DurableObject {
   }
 
   /**
-   * One HTTP exchange with a peer: `{status, body}` with status >= 0 the peer's answer, -1
-   * never sent, -2 sent without an answer. Never follows a redirect, never retries.
+   * One HTTP exchange with a peer: answered, not sent, or unknown (the kit's outcomes).
+   * Never follows a redirect, never retries.
    *
    * workerd's fetch throws the same `Network connection lost.` for a refused connection as
    * for one reset after the request left, so a connection is opened first (`connect`, under
@@ -742,9 +693,9 @@ export class RelayShard extends DurableObject {
    * At most MAX_OUTBOUND exchanges of this object are open at once (Workers' limit on
    * simultaneous connections); the rest wait in order, and one that waited its whole time
    * is reported never sent.
+   * @returns {Promise<import('../kit/outcome.js').Outcome>}
    */
   async #exchange(method, url, headers, body, timeout) {
-    const notSent = (why) => ({ status: -1, body: EMPTY, why });
     let u;
     try {
       u = new URL(url);
@@ -766,10 +717,10 @@ export class RelayShard extends DurableObject {
       if (this.settings.probePeers && !(await reachable(u, timeout))) return notSent('unreachable');
       try {
         const res = await fetch(u, { method, headers, body, redirect: 'manual', signal: AbortSignal.timeout(Math.max(1, deadline - Date.now())) });
-        const answer = await readAll(res.body, RelayCore.maxAnswer());
-        return answer === null ? { status: -2, body: EMPTY, why: 'answer too large' } : { status: res.status, body: answer };
+        const got = await readAll(res.body, RelayCore.maxAnswer());
+        return got === null ? unknown('answer too large') : answered(res.status, got);
       } catch (e) {
-        return { status: -2, body: EMPTY, why: String(e?.message ?? e) };
+        return unknown(String(e?.message ?? e));
       }
     } finally {
       this.outbound.give();

@@ -7,8 +7,9 @@
 // is dropped unused, and each object makes a new one over its storage when it sees the
 // generation change.
 
-import * as glue from '../pkg/relay_wasm.js';
-import wasm from '../pkg/relay_wasm_bg.wasm';
+import * as glue from '../../pkg/web/relay_wasm.js';
+import { stepOf } from '../kit/step.js';
+import wasm from '../../pkg/web/relay_wasm_bg.wasm';
 
 glue.initSync({ module: wasm });
 // No native crypto on workerd: the core verifies and hashes in wasm.
@@ -25,22 +26,7 @@ export function reset() {
   generation += 1;
 }
 
-const decoder = new TextDecoder();
-
-/**
- * What the core made of a request, read from its one buffer: an answer `{status, headers,
- * effects?, body}` (the body as bytes, to write as they are), or a step: `{fetch: {relay,
- * url}}`, `{upgrade: {token, account, device_id, expires_at}}`, `{backup: path}`, `{route:
- * {account, shard}}`.
- * @param {Uint8Array} bytes
- * @returns {any}
- */
-export function stepOf(bytes) {
-  const nl = bytes.indexOf(10);
-  const head = JSON.parse(decoder.decode(bytes.subarray(0, nl)));
-  if (head.status !== undefined) head.body = bytes.subarray(nl + 1);
-  return head;
-}
+export { stepOf };
 
 /** The answer for a call lost before it committed (500 internal: nothing was accepted). */
 export const uncommitted = () => stepOf(RelayCore.uncommitted());
