@@ -62,3 +62,13 @@ async function main(): Promise<void> {
 }
 
 void main();
+
+// Under the `workerd` condition (and as relay-node/worker): the Worker and its Durable Object class.
+import worker, { RelayShard, type RelayEnv, type RelayConfig } from 'relay-node/worker';
+const config: RelayConfig = { relay: 'https://relay.example.com', network: 'prod', shards: 1, probe_peers: false };
+async function edge(env: RelayEnv): Promise<Response> {
+  const shard = new RelayShard({}, { ...env, CONFIG: config });
+  await shard.alarm();
+  return worker.fetch(new Request('https://relay.example.com/healthz'), env);
+}
+void edge;
