@@ -181,7 +181,12 @@ fn inprocess(rep: &mut Report, sz: &Sizes, scratch: &Path, skip: &[String]) -> a
 /// and on each runtime's SQLite (`bun:sqlite`, `node:sqlite`, Node 20's `better-sqlite3`), and
 /// Node 20 once more with the core's own wasm crypto instead of the native addon (issue 33's
 /// addon decision); then the packed tarball's size.
-fn runtimes(rep: &mut Report, fx: &fixture::Fixture, syncs: usize, scratch: &Path) -> anyhow::Result<()> {
+fn runtimes(
+    rep: &mut Report,
+    fx: &fixture::Fixture,
+    syncs: usize,
+    scratch: &Path,
+) -> anyhow::Result<()> {
     let root = root();
     for rt in node::Runtime::all(&root)? {
         eprintln!("{} in-process", rt.name);
