@@ -1,342 +1,313 @@
-//! relayctl: the command-line client for relay. This file only parses arguments.
+//! relayctl: the command-line client for relay. This file only parses arguments (clap, as the
+//! relay's own command line does) and hands them to `relay_cli::commands`.
 
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use relay_cli::commands::{self, Globals, InitOptions, SendOptions};
 use relay_cli::inspect::{self, VerifyOptions};
 use relay_cli::CliError;
 use relay_core::wire::json;
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-const USAGE: &str = "\
-relayctl: the relay command-line client
-
-USAGE:
-    relayctl [GLOBAL OPTIONS] COMMAND [OPTIONS]
-
-ACCOUNT:
-    init --relay URL [--network NAME] [--discoverable]
-                                 new account + device, registered at URL; saves the profile
-    whoami                       account id, device id, relay of the profile
-    route publish --at URL       publish the profile's current route at another relay
-    account move --to URL        make URL the account's home: route revision + 1, registered
-                                 there with this device and the account's other devices this
-                                 profile knows of (those it added with `device add`, and those
-                                 the old home lists), published at the old home and at URL;
-                                 the old home stays a former home that status, retry and sync
-                                 still read from (`move --relay URL` is the same). On another
-                                 device's profile it follows the move already made to URL
-    device list [ACCOUNT]        valid and revoked devices (default: our own account)
-    device add --out FILE [--permissions send,sync,manage]
-                                 register a new device of this account; its profile goes to FILE
-    device revoke DEVICE_ID      revoke a device of this account for good
-
-CONTACTS:
-    invite [--uses N] [--ttl MS] print a contact card with a signed contact_invite
-                                 (default ttl 7 days), for senders to pass to `send --invite`
-    grant ACCOUNT [--ttl MS]     print a contact card with a contact_grant for ACCOUNT
-
-MESSAGES:
-    send [--to ACCOUNT] [--invite FILE | --grant FILE] [--route-from URL] [--refresh]
-         [--wait SECS] TEXT      encrypt and send TEXT; prints the DeliveryStatus
-                                 (waits up to SECS, default 5, while it is delivering)
-    retry MESSAGE_ID [--wait SECS]
-                                 re-send a stored message unchanged to the relay that took it
-    status MESSAGE_ID            message.delivery.status, asked of the relay that took it
-    outbox                       sent messages: id, local state, last status, recipient
-    sync [--from SEQ]            print new timeline entries (HTTP, one shot) and exit: first
-                                 those still kept at former homes, then the home's (SEQ
-                                 applies to each relay's own sequence)
-    follow [--from SEQ] [--count N]
-                                 former homes' entries once, then follow the home's timeline
-                                 over WebSocket (exit after N entries)
-
-TOOLS:
-    canonicalize                 JSON on stdin, RFC 8785 canonical form on stdout
-    verify [--certificate FILE] [--network NAME] [--at MS]
-                                 a signed object on stdin: `valid` or the failing check
-
-OPERATOR (a running relay of any host, through its admin listener; `relayctl admin --help`):
-    admin [--data DIR] [--url ADMIN_URL] [--shard K] [--json]
-          destinations [--failing] [--paused] | deliveries [pending|failed]
-          | retry DESTINATION | retry-delivery FROM MESSAGE_ID | pause|resume DESTINATION
-          | quarantine | quarantine-drop ID | quarantine-requeue ID | backup FILE | metrics
-                                 a table for a listing, a line for an action (--json: the answer)
-
-GLOBAL OPTIONS:
-    --profile FILE   the profile (default $RELAYCTL_PROFILE, else ./relayctl.json)
-    --timeout SECS   one HTTP call's limit before its outcome counts as unknown (default 30)
-    --attempts N     attempts of one request on timeouts and lost answers (default 5)
-
+/// What the exit status and timeline lines mean, under every help text.
+const AFTER_HELP: &str = "\
 Timeline lines are `SEQ  KIND  FROM  TEXT`, or `UNVERIFIED SEQ  KIND  REASON`.
 Exit status: 0 done, 1 refused/invalid/failed, 2 usage or local input, 3 outcome unknown.";
 
-/// Command-line options after the command words: `--flag value`, `--switch`, positionals.
-struct Args {
-    values: BTreeMap<String, String>,
-    switches: Vec<String>,
-    positional: Vec<String>,
+/// relayctl: the relay command-line client
+#[derive(Parser, Debug)]
+#[command(name = "relayctl", version, after_help = AFTER_HELP, disable_help_subcommand = true)]
+struct Cli {
+    /// The profile (default $RELAYCTL_PROFILE, else ./relayctl.json)
+    #[arg(long, global = true, value_name = "FILE")]
+    profile: Option<PathBuf>,
+    /// One HTTP call's limit before its outcome counts as unknown (default 30)
+    #[arg(long, global = true, value_name = "SECS")]
+    timeout: Option<u64>,
+    /// Attempts of one request on timeouts and lost answers (default 5)
+    #[arg(long, global = true, value_name = "N")]
+    attempts: Option<u32>,
+    #[command(subcommand)]
+    command: Command,
 }
 
-impl Args {
-    fn parse(args: &[String], with_value: &[&str], switches: &[&str]) -> Result<Args, CliError> {
-        let mut a = Args {
-            values: BTreeMap::new(),
-            switches: Vec::new(),
-            positional: Vec::new(),
-        };
-        let mut it = args.iter();
-        while let Some(x) = it.next() {
-            if x == "--" {
-                a.positional.extend(it.by_ref().cloned());
-                break;
-            }
-            if with_value.contains(&x.as_str()) {
-                let v = it
-                    .next()
-                    .ok_or_else(|| CliError::Usage(format!("{x} needs a value")))?;
-                a.values.insert(x.clone(), v.clone());
-            } else if switches.contains(&x.as_str()) {
-                a.switches.push(x.clone());
-            } else if x.starts_with("--") {
-                return Err(CliError::Usage(format!("unknown option {x}")));
-            } else {
-                a.positional.push(x.clone());
-            }
-        }
-        Ok(a)
-    }
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// New account + device, registered at URL; saves the profile
+    Init {
+        #[arg(long, value_name = "URL")]
+        relay: String,
+        #[arg(long, value_name = "NAME")]
+        network: Option<String>,
+        /// Others may find the account by its id without an invite
+        #[arg(long)]
+        discoverable: bool,
+    },
+    /// Account id, device id, relay of the profile
+    Whoami,
+    /// The profile's route
+    #[command(subcommand)]
+    Route(RouteCommand),
+    /// The account's home relay
+    #[command(subcommand)]
+    Account(AccountCommand),
+    /// The same as `account move`
+    #[command(hide = true)]
+    Move(MoveArgs),
+    /// The account's devices
+    #[command(subcommand)]
+    Device(DeviceCommand),
+    /// Print a contact card with a signed contact_invite, for senders to pass to `send --invite`
+    Invite {
+        /// How many senders may use it (default: any)
+        #[arg(long, value_name = "N")]
+        uses: Option<u64>,
+        /// Its lifetime (default 7 days)
+        #[arg(long, value_name = "MS", default_value_t = 7 * 24 * 3600 * 1000)]
+        ttl: u64,
+    },
+    /// Print a contact card with a contact_grant for ACCOUNT
+    Grant {
+        #[arg(allow_hyphen_values = true)]
+        account: String,
+        #[arg(long, value_name = "MS")]
+        ttl: Option<u64>,
+    },
+    /// Encrypt and send TEXT; prints the DeliveryStatus
+    Send {
+        /// The recipient account (default: the card's)
+        #[arg(long, value_name = "ACCOUNT", allow_hyphen_values = true)]
+        to: Option<String>,
+        /// A contact card with an invite
+        #[arg(long, value_name = "FILE", conflicts_with = "grant")]
+        invite: Option<PathBuf>,
+        /// A contact card with a grant
+        #[arg(long, value_name = "FILE")]
+        grant: Option<PathBuf>,
+        /// Ask this relay for the recipient's route
+        #[arg(long, value_name = "URL")]
+        route_from: Option<String>,
+        /// Fetch the recipient's route and devices again first
+        #[arg(long)]
+        refresh: bool,
+        /// Wait up to SECS while it is delivering
+        #[arg(long, value_name = "SECS", default_value_t = 5)]
+        wait: u64,
+        #[arg(allow_hyphen_values = true)]
+        text: String,
+    },
+    /// Re-send a stored message unchanged to the relay that took it
+    Retry {
+        #[arg(allow_hyphen_values = true)]
+        message_id: String,
+        #[arg(long, value_name = "SECS", default_value_t = 5)]
+        wait: u64,
+    },
+    /// message.delivery.status, asked of the relay that took it
+    Status {
+        #[arg(allow_hyphen_values = true)]
+        message_id: String,
+    },
+    /// Sent messages: id, local state, last status, recipient
+    Outbox,
+    /// Print new timeline entries (HTTP, one shot) and exit: first those still kept at former
+    /// homes, then the home's (SEQ applies to each relay's own sequence)
+    Sync {
+        #[arg(long, value_name = "SEQ")]
+        from: Option<u64>,
+    },
+    /// Former homes' entries once, then follow the home's timeline over WebSocket
+    Follow {
+        #[arg(long, value_name = "SEQ")]
+        from: Option<u64>,
+        /// Exit after N entries
+        #[arg(long, value_name = "N")]
+        count: Option<usize>,
+    },
+    /// JSON on stdin, RFC 8785 canonical form on stdout
+    Canonicalize,
+    /// A signed object on stdin: `valid` or the failing check
+    Verify {
+        #[arg(long, value_name = "FILE")]
+        certificate: Option<String>,
+        #[arg(long, value_name = "NAME")]
+        network: Option<String>,
+        #[arg(long, value_name = "MS")]
+        at: Option<u64>,
+    },
+    /// A running relay of any host, through its admin listener (`relayctl admin --help`)
+    #[command(disable_help_flag = true)]
+    Admin {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell)
+    Completions { shell: clap_complete::Shell },
+}
 
-    fn get(&self, k: &str) -> Option<&str> {
-        self.values.get(k).map(String::as_str)
-    }
+#[derive(Subcommand, Debug)]
+enum RouteCommand {
+    /// Publish the profile's current route at another relay
+    Publish {
+        #[arg(long, value_name = "URL")]
+        at: String,
+    },
+}
 
-    fn has(&self, k: &str) -> bool {
-        self.switches.iter().any(|s| s == k)
-    }
+#[derive(Subcommand, Debug)]
+enum AccountCommand {
+    /// Make URL the account's home: route revision + 1, registered there with this device and
+    /// the account's other devices this profile knows of (those it added with `device add`,
+    /// and those the old home lists), published at the old home and at URL; the old home stays
+    /// a former home that status, retry and sync still read from. On another device's profile
+    /// it follows the move already made to URL
+    Move(MoveArgs),
+}
 
-    fn number(&self, k: &str) -> Result<Option<u64>, CliError> {
-        self.get(k)
-            .map(|v| {
-                v.parse()
-                    .map_err(|_| CliError::Usage(format!("{k} takes a non-negative integer")))
-            })
-            .transpose()
-    }
+/// The new home of `account move --to URL` (or its older spelling `--relay URL`).
+#[derive(Args, Debug)]
+struct MoveArgs {
+    #[arg(
+        long,
+        value_name = "URL",
+        required_unless_present = "relay",
+        conflicts_with = "relay"
+    )]
+    to: Option<String>,
+    #[arg(long, value_name = "URL", hide = true)]
+    relay: Option<String>,
+}
 
-    fn required(&self, k: &str) -> Result<&str, CliError> {
-        self.get(k)
-            .ok_or_else(|| CliError::Usage(format!("{k} is required")))
-    }
-
-    fn one_positional(&self, what: &str) -> Result<&str, CliError> {
-        match self.positional.as_slice() {
-            [x] => Ok(x),
-            _ => Err(CliError::Usage(format!("expected one {what}"))),
-        }
-    }
-
-    fn no_positional(&self) -> Result<(), CliError> {
-        match self.positional.first() {
-            None => Ok(()),
-            Some(x) => Err(CliError::Usage(format!("unexpected argument {x:?}"))),
-        }
+impl MoveArgs {
+    fn target(&self) -> &str {
+        // clap requires exactly one of them.
+        self.to
+            .as_deref()
+            .or(self.relay.as_deref())
+            .unwrap_or_default()
     }
 }
 
-/// Takes the global options out of the argument list (they may stand anywhere).
-fn globals(args: Vec<String>) -> Result<(Globals, Vec<String>), CliError> {
-    let mut g = Globals::default();
-    let mut rest = Vec::new();
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| CliError::Usage(format!("{a} needs a value")))
-        };
-        match a.as_str() {
-            "--profile" => g.profile = Some(PathBuf::from(value()?)),
-            "--timeout" => {
-                let s: u64 = value()?
-                    .parse()
-                    .map_err(|_| CliError::Usage("--timeout takes seconds".into()))?;
-                g.timeout = Duration::from_secs(s.max(1));
-            }
-            "--attempts" => {
-                let n: u32 = value()?
-                    .parse()
-                    .map_err(|_| CliError::Usage("--attempts takes a number".into()))?;
-                g.retry.attempts = n.max(1);
-            }
-            "--" => {
-                rest.push(a);
-                rest.extend(it.by_ref());
-                break;
-            }
-            _ => rest.push(a),
-        }
-    }
-    Ok((g, rest))
+#[derive(Subcommand, Debug)]
+enum DeviceCommand {
+    /// Valid and revoked devices (default: our own account)
+    List {
+        #[arg(allow_hyphen_values = true)]
+        account: Option<String>,
+    },
+    /// Register a new device of this account; its profile goes to FILE
+    Add {
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        #[arg(long, value_name = "LIST", default_value = "send,sync,manage")]
+        permissions: String,
+    },
+    /// Revoke a device of this account for good
+    Revoke {
+        #[arg(allow_hyphen_values = true)]
+        device_id: String,
+    },
 }
 
-/// The new home of `account move --to URL` (or its older spelling `move --relay URL`).
-fn move_target(a: &Args) -> Result<&str, CliError> {
-    match (a.get("--to"), a.get("--relay")) {
-        (Some(_), Some(_)) => Err(CliError::Usage(
-            "pass --to URL (or --relay URL), not both".into(),
-        )),
-        (Some(url), None) | (None, Some(url)) => Ok(url),
-        (None, None) => Err(CliError::Usage("--to URL is required".into())),
+/// The global options as the commands take them.
+fn globals(cli: &Cli) -> Globals {
+    let mut g = Globals {
+        profile: cli.profile.clone(),
+        ..Globals::default()
+    };
+    if let Some(s) = cli.timeout {
+        g.timeout = Duration::from_secs(s.max(1));
     }
+    if let Some(n) = cli.attempts {
+        g.retry.attempts = n.max(1);
+    }
+    g
 }
 
-fn wait_of(a: &Args) -> Result<Duration, CliError> {
-    Ok(Duration::from_secs(a.number("--wait")?.unwrap_or(5)))
-}
-
-fn run(args: Vec<String>) -> Result<u8, CliError> {
-    if args.first().is_some_and(|a| a == "admin") {
-        return Ok(admin(&args[1..]));
-    }
-    let (g, args) = globals(args)?;
+fn run(cli: Cli) -> Result<u8, CliError> {
+    let g = globals(&cli);
     let stdout = std::io::stdout();
     let out = &mut stdout.lock();
-    let (cmd, rest) = match args.split_first() {
-        Some((c, r)) => (c.as_str(), r),
-        None => return Err(CliError::Usage("no command".into())),
-    };
-    match cmd {
-        "init" => {
-            let a = Args::parse(rest, &["--relay", "--network"], &["--discoverable"])?;
-            a.no_positional()?;
+    match cli.command {
+        Command::Init {
+            relay,
+            network,
+            discoverable,
+        } => {
             let o = InitOptions {
-                relay: a.required("--relay")?.to_string(),
-                network: a.get("--network").map(str::to_string),
-                discoverable: a.has("--discoverable"),
+                relay,
+                network,
+                discoverable,
             };
             commands::init(&g, &o, out)?;
         }
-        "whoami" => {
-            Args::parse(rest, &[], &[])?.no_positional()?;
-            commands::whoami(&g, out)?;
+        Command::Whoami => commands::whoami(&g, out)?,
+        Command::Route(RouteCommand::Publish { at }) => commands::route_publish(&g, &at, out)?,
+        Command::Account(AccountCommand::Move(m)) | Command::Move(m) => {
+            commands::move_to(&g, m.target(), out)?
         }
-        "route" => {
-            let a = Args::parse(rest, &["--at"], &[])?;
-            if a.one_positional("subcommand (publish)")? != "publish" {
-                return Err(CliError::Usage("route publish --at URL".into()));
-            }
-            commands::route_publish(&g, a.required("--at")?, out)?;
+        Command::Device(DeviceCommand::List { account }) => {
+            commands::device_list(&g, account.as_deref(), out)?
         }
-        "account" => {
-            let a = Args::parse(rest, &["--to", "--relay"], &[])?;
-            if a.one_positional("subcommand (move)")? != "move" {
-                return Err(CliError::Usage("account move --to URL".into()));
-            }
-            commands::move_to(&g, move_target(&a)?, out)?;
+        Command::Device(DeviceCommand::Add {
+            out: file,
+            permissions,
+        }) => {
+            let perms: Vec<String> = permissions
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            commands::device_add(&g, file, &perms, out)?
         }
-        "move" => {
-            let a = Args::parse(rest, &["--to", "--relay"], &[])?;
-            a.no_positional()?;
-            commands::move_to(&g, move_target(&a)?, out)?;
+        Command::Device(DeviceCommand::Revoke { device_id }) => {
+            commands::device_revoke(&g, &device_id, out)?
         }
-        "device" => {
-            let a = Args::parse(rest, &["--out", "--permissions"], &[])?;
-            match a
-                .positional
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>()
-                .as_slice()
-            {
-                ["list"] => commands::device_list(&g, None, out)?,
-                ["list", account] => commands::device_list(&g, Some(account), out)?,
-                ["add"] => {
-                    let perms: Vec<String> = a
-                        .get("--permissions")
-                        .unwrap_or("send,sync,manage")
-                        .split(',')
-                        .map(|s| s.trim().to_string())
-                        .filter(|s| !s.is_empty())
-                        .collect();
-                    commands::device_add(&g, PathBuf::from(a.required("--out")?), &perms, out)?
-                }
-                ["revoke", id] => commands::device_revoke(&g, id, out)?,
-                _ => {
-                    return Err(CliError::Usage(
-                        "device list [ACCOUNT] | device add --out FILE | device revoke DEVICE_ID"
-                            .into(),
-                    ))
-                }
-            }
-        }
-        "invite" => {
-            let a = Args::parse(rest, &["--uses", "--ttl"], &[])?;
-            a.no_positional()?;
-            let ttl = a.number("--ttl")?.unwrap_or(7 * 24 * 3600 * 1000);
-            commands::invite(&g, a.number("--uses")?, ttl, out)?;
-        }
-        "grant" => {
-            let a = Args::parse(rest, &["--ttl"], &[])?;
-            commands::grant(&g, a.one_positional("ACCOUNT")?, a.number("--ttl")?, out)?;
-        }
-        "send" => {
-            let a = Args::parse(
-                rest,
-                &["--to", "--invite", "--grant", "--route-from", "--wait"],
-                &["--refresh"],
-            )?;
-            if a.get("--invite").is_some() && a.get("--grant").is_some() {
-                return Err(CliError::Usage("pass --invite or --grant, not both".into()));
-            }
+        Command::Invite { uses, ttl } => commands::invite(&g, uses, ttl, out)?,
+        Command::Grant { account, ttl } => commands::grant(&g, &account, ttl, out)?,
+        Command::Send {
+            to,
+            invite,
+            grant,
+            route_from,
+            refresh,
+            wait,
+            text,
+        } => {
             let o = SendOptions {
-                to: a.get("--to").map(str::to_string),
-                card: a.get("--invite").or(a.get("--grant")).map(PathBuf::from),
-                route_from: a.get("--route-from").map(str::to_string),
-                refresh: a.has("--refresh"),
-                wait: wait_of(&a)?,
-                text: a.one_positional("TEXT")?.to_string(),
+                to,
+                card: invite.or(grant),
+                route_from,
+                refresh,
+                wait: Duration::from_secs(wait),
+                text,
             };
             return commands::send(&g, &o, out);
         }
-        "retry" => {
-            let a = Args::parse(rest, &["--wait"], &[])?;
-            return commands::retry(&g, a.one_positional("MESSAGE_ID")?, wait_of(&a)?, out);
+        Command::Retry { message_id, wait } => {
+            return commands::retry(&g, &message_id, Duration::from_secs(wait), out)
         }
-        "status" => {
-            let a = Args::parse(rest, &[], &[])?;
-            return commands::status(&g, a.one_positional("MESSAGE_ID")?, out);
-        }
-        "outbox" => {
-            Args::parse(rest, &[], &[])?.no_positional()?;
-            commands::outbox(&g, out)?;
-        }
-        "sync" => {
-            let a = Args::parse(rest, &["--from"], &[])?;
-            a.no_positional()?;
-            commands::sync(&g, a.number("--from")?, out)?;
-        }
-        "follow" => {
-            let a = Args::parse(rest, &["--from", "--count"], &[])?;
-            a.no_positional()?;
-            let count = a.number("--count")?.map(|n| n as usize);
-            commands::follow(&g, a.number("--from")?, count, out)?;
-        }
-        "canonicalize" => {
-            Args::parse(rest, &[], &[])?.no_positional()?;
+        Command::Status { message_id } => return commands::status(&g, &message_id, out),
+        Command::Outbox => commands::outbox(&g, out)?,
+        Command::Sync { from } => commands::sync(&g, from, out)?,
+        Command::Follow { from, count } => commands::follow(&g, from, count, out)?,
+        Command::Canonicalize => {
             let input = read_stdin()?;
             let c = inspect::canonicalize(&input).map_err(|e| CliError::Input(e.to_string()))?;
             let _ = out.write_all(&c);
             let _ = out.flush();
         }
-        "verify" => {
-            let a = Args::parse(rest, &["--certificate", "--network", "--at"], &[])?;
-            a.no_positional()?;
+        Command::Verify {
+            certificate,
+            network,
+            at,
+        } => {
             let opts = VerifyOptions {
-                certificate: a.get("--certificate").map(str::to_string),
-                network: a.get("--network").map(str::to_string),
-                at: a.number("--at")?,
+                certificate,
+                network,
+                at,
             };
             let input = read_stdin()?;
             let object = json::parse_object(&input).map_err(|e| CliError::Input(e.to_string()))?;
@@ -350,10 +321,10 @@ fn run(args: Vec<String>) -> Result<u8, CliError> {
                 }
             }
         }
-        "help" | "-h" | "--help" => {
-            let _ = writeln!(out, "{USAGE}");
+        Command::Admin { args } => return Ok(admin(&args)),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "relayctl", out);
         }
-        other => return Err(CliError::Usage(format!("unknown command {other:?}"))),
     }
     Ok(0)
 }
@@ -419,13 +390,24 @@ fn admin(argv: &[String]) -> u8 {
 }
 
 fn main() -> ExitCode {
-    match run(std::env::args().skip(1).collect()) {
+    let args: Vec<String> = std::env::args().collect();
+    // `relayctl admin ...` is the shared operator command line, with its own help and flags
+    // (`relay admin`'s): everything after `admin` is its own.
+    if args.get(1).is_some_and(|a| a == "admin") {
+        return ExitCode::from(admin(&args[2..]));
+    }
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version print to stdout and exit 0; a usage error to stderr, exit 2.
+            let _ = e.print();
+            return ExitCode::from(e.exit_code() as u8);
+        }
+    };
+    match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");
-            if matches!(e, CliError::Usage(_)) {
-                eprintln!("\n{USAGE}");
-            }
             ExitCode::from(e.exit_code())
         }
     }
@@ -435,59 +417,71 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn words(s: &str) -> Vec<String> {
-        s.split_whitespace().map(str::to_string).collect()
+    fn parse(s: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("relayctl").chain(s.split_whitespace()))
     }
 
-    fn target(args: &str) -> Result<String, CliError> {
-        let a = Args::parse(&words(args), &["--to", "--relay"], &[])?;
-        move_target(&a).map(str::to_string)
+    fn target(s: &str) -> Option<String> {
+        match parse(s).ok()?.command {
+            Command::Account(AccountCommand::Move(m)) | Command::Move(m) => {
+                Some(m.target().to_string())
+            }
+            _ => None,
+        }
     }
 
     #[test]
     fn move_takes_to_or_its_older_spelling_relay_but_not_both() {
-        assert_eq!(
-            target("move --to http://127.0.0.1:9").unwrap(),
-            "http://127.0.0.1:9"
-        );
-        assert_eq!(
-            target("--relay http://127.0.0.1:9").unwrap(),
-            "http://127.0.0.1:9"
-        );
-        assert!(matches!(
-            target("move --to http://127.0.0.1:9 --relay http://127.0.0.1:10"),
-            Err(CliError::Usage(_))
-        ));
-        assert!(matches!(target("move"), Err(CliError::Usage(_))));
-        assert!(matches!(target("move --to"), Err(CliError::Usage(_))));
-        assert!(matches!(
-            target("move --at http://127.0.0.1:9"),
-            Err(CliError::Usage(_))
-        ));
-    }
-
-    #[test]
-    fn account_needs_the_move_subcommand_and_globals_may_stand_anywhere() {
-        let (g, rest) = globals(words(
-            "account --profile p.json move --timeout 3 --to http://127.0.0.1:9",
-        ))
-        .unwrap();
-        assert_eq!(g.profile, Some(PathBuf::from("p.json")));
-        assert_eq!(g.timeout, Duration::from_secs(3));
-        assert_eq!(rest, words("account move --to http://127.0.0.1:9"));
-        // Without a profile the command fails on the profile, after parsing; a wrong or
-        // missing subcommand fails as usage before anything is read.
+        let url = Some("http://127.0.0.1:9".to_string());
+        assert_eq!(target("account move --to http://127.0.0.1:9"), url);
+        assert_eq!(target("move --to http://127.0.0.1:9"), url);
+        assert_eq!(target("move --relay http://127.0.0.1:9"), url);
         for bad in [
+            "move --to http://127.0.0.1:9 --relay http://127.0.0.1:10",
+            "move",
+            "move --to",
+            "move --at http://127.0.0.1:9",
             "account",
             "account moves --to http://127.0.0.1:9",
             "account move x --to http://127.0.0.1:9",
         ] {
-            let r = run(words(&format!("--profile /nonexistent/p.json {bad}")));
-            assert!(matches!(r, Err(CliError::Usage(_))), "{bad}: {r:?}");
+            let e = parse(bad).expect_err(bad);
+            assert_eq!(e.exit_code(), 2, "{bad}: a usage error");
         }
-        let r = run(words(
-            "--profile /nonexistent/p.json account move --relay http://127.0.0.1:9",
-        ));
+    }
+
+    #[test]
+    fn globals_may_stand_anywhere_and_suggestions_name_the_near_command() {
+        let cli =
+            parse("account --profile p.json move --timeout 3 --to http://127.0.0.1:9").unwrap();
+        let g = globals(&cli);
+        assert_eq!(g.profile, Some(PathBuf::from("p.json")));
+        assert_eq!(g.timeout, Duration::from_secs(3));
+        assert_eq!(g.retry.attempts, Globals::default().retry.attempts);
+        let e = parse("sned hello").unwrap_err().to_string();
+        assert!(e.contains("send"), "{e}");
+        // Without a profile the command fails on the profile, after parsing.
+        let r = run(
+            parse("--profile /nonexistent/p.json account move --relay http://127.0.0.1:9").unwrap(),
+        );
         assert!(matches!(r, Err(CliError::Profile(_))), "{r:?}");
+        // Ids are base64url, so one may start with a dash: it is still the id, not a flag.
+        match parse("status -eXb2 --timeout 3").unwrap().command {
+            Command::Status { message_id } => assert_eq!(message_id, "-eXb2"),
+            c => panic!("{c:?}"),
+        }
+        match parse("send --to -acc -1").unwrap().command {
+            Command::Send { to, text, .. } => {
+                assert_eq!((to.as_deref(), text.as_str()), (Some("-acc"), "-1"))
+            }
+            c => panic!("{c:?}"),
+        }
+        let e = parse("send --to acc one two").unwrap_err();
+        assert_eq!(e.exit_code(), 2, "one TEXT: {e}");
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 }
