@@ -1124,7 +1124,10 @@ impl Identity {
         )
     }
 
-    /// message.send params: `text` encrypted to the devices of the given certificates (a JSON array).
+    /// message.send params: `text` encrypted to the devices of the given certificates (a JSON
+    /// array), under `message_id` when given (a retry that changes the message reuses it: the
+    /// relay answers state_conflict), else a fresh one.
+    #[allow(clippy::too_many_arguments)]
     pub fn message(
         &self,
         network: &str,
@@ -1133,6 +1136,7 @@ impl Identity {
         text: &str,
         created_at: f64,
         sender_boxes: bool,
+        message_id: Option<String>,
     ) -> Result<String, JsValue> {
         use relay_core::client::seal;
         use relay_core::wire::json::Value;
@@ -1145,7 +1149,7 @@ impl Identity {
         };
         let key = seal::message_key(&mut JsRng);
         let body = seal::seal_body(&mut JsRng, &key, text.as_bytes());
-        let id = relay_core::client::random_id(&mut JsRng);
+        let id = message_id.unwrap_or_else(|| relay_core::client::random_id(&mut JsRng));
         let env = relay_core::client::draft::envelope(
             network,
             &id,

@@ -1,0 +1,133 @@
+// The plugin host (host.js, written from wit/relay.wit alone) drives the core component as
+// transpiled by jco (pinned in package.json): register, session, self-delivery, an identical
+// retry, a conflicting one, sync, status, bad input, metrics; and two such hosts deliver a
+// message to each other over HTTP (the core's `send` events, key fetches and `fetched`).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { Identity } from '../../host-node/pkg/relay_wasm.js';
+import { startHost } from './host.js';
+
+const HERE = path.dirname(new URL(import.meta.url).pathname);
+const COMPONENT = path.resolve(HERE, '../../target/component/relay_core.wasm');
+const NET = 'dev';
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+const now = () => BigInt(Date.now());
+const json = (reply) => JSON.parse(dec.decode(reply.body));
+
+/** The component transpiled by jco into a fresh directory. */
+function transpile() {
+  const out = fs.mkdtempSync(path.join(os.tmpdir(), 'relay-jco-'));
+  const jco = path.join(HERE, 'node_modules/@bytecodealliance/jco/dist/jco.js');
+  const r = spawnSync(process.execPath, [jco, 'transpile', COMPONENT, '-o', out, '--name', 'relay', '--instantiation', 'async'], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  return out;
+}
+
+async function freePort() {
+  const s = net.createServer();
+  await new Promise((ok) => s.listen(0, '127.0.0.1', ok));
+  const port = s.address().port;
+  await new Promise((ok) => s.close(ok));
+  return port;
+}
+
+/** A relay on the plugin host. */
+const start = (out, relay) => startHost({ out, config: { relay, network: NET, policies: {}, started_at: Date.now() }, seed: crypto.randomBytes(32) });
+
+/** An account with one device on `h`, through the typed `call`; its session caller. */
+function account(h, url) {
+  const id = new Identity();
+  const cert = id.certificate(NET, 'send,sync,manage', Date.now() - 1000);
+  const anonymous = { tag: 'anonymous' };
+  const reg = h.relay.call(anonymous, undefined, 'account.register', enc.encode(`{"route":${id.route(NET, url, 1, Date.now())},"certificate":${cert},"discoverable":true}`), now());
+  assert.equal(reg.status, 200, dec.decode(reg.body));
+  const open = h.relay.call(anonymous, undefined, 'session.open', enc.encode(id.sessionOpen(NET, url, Date.now())), now());
+  assert.equal(open.status, 200, dec.decode(open.body));
+  return { id, cert, caller: { tag: 'session', val: json(open).session } };
+}
+
+test('the plugin host is under 200 lines and uses nothing of ours: the WIT is its only guide', () => {
+  const text = fs.readFileSync(path.join(HERE, 'host.js'), 'utf8');
+  assert.ok(text.split('\n').length < 200, 'under 200 lines');
+  const imports = [...text.matchAll(/^import .* from '([^']+)';$/gm)].map((m) => m[1]);
+  assert.deepEqual(imports.filter((m) => !m.startsWith('node:')), [], 'only Node built-ins (the component comes in as jco output)');
+});
+
+test('a plugin host from the WIT alone: send, retry, conflict, sync, status, bad input, metrics', async () => {
+  const out = transpile();
+  const url = 'http://127.0.0.1:1';
+  const h = await start(out, url);
+  try {
+    const alice = account(h, url);
+    // Self-delivery through the typed `send`: accepted at once, and Alice's account is notified.
+    const params = alice.id.message(NET, alice.id.accountId(), `[${alice.cert}]`, 'note to self', Date.now(), false);
+    const sent = h.relay.send(alice.caller, enc.encode(params), now());
+    assert.equal(sent.status, 200, dec.decode(sent.body));
+    assert.equal(json(sent).status, 'target_accepted');
+    h.run(sent.events);
+    assert.ok(h.notes.some((n) => n.account === alice.id.accountId()), 'the notify event was carried out');
+    // The identical retry: the same result, no second entry.
+    const again = h.relay.send(alice.caller, enc.encode(params), now());
+    assert.deepEqual(json(again), json(sent));
+    // The same message id with other content: state_conflict, nothing committed.
+    const messageId = JSON.parse(params).envelope.message_id;
+    const other = alice.id.message(NET, alice.id.accountId(), `[${alice.cert}]`, 'something else', Date.now(), false, messageId);
+    const conflict = h.relay.send(alice.caller, enc.encode(other), now());
+    assert.equal(conflict.error, 'state-conflict');
+    assert.equal(json(conflict).error.code, 'state_conflict');
+    // sync and status through their typed exports.
+    const synced = h.relay.sync(alice.caller, enc.encode('{"after":0}'), now());
+    assert.deepEqual(json(synced).entries.map((e) => alice.id.openEntry(JSON.stringify(e))), ['note to self']);
+    const status = h.relay.status(alice.caller, enc.encode(JSON.stringify({ message_id: messageId })), now());
+    assert.equal(json(status).status, 'target_accepted');
+    // Bad input: invalid_params, and the store is as it was.
+    const keys = h.store.size;
+    const bad = h.relay.call({ tag: 'anonymous' }, undefined, 'account.register', enc.encode('{"route":'), now());
+    assert.equal(bad.status, 400);
+    assert.equal(bad.error, 'invalid-params');
+    assert.equal(h.store.size, keys, 'nothing written');
+    // Metrics, at the host's clock.
+    assert.match(h.relay.metrics(now()), /^relay_\w+/m);
+  } finally {
+    await h.close();
+    fs.rmSync(out, { recursive: true, force: true });
+  }
+});
+
+test('two plugin hosts deliver a message to each other over HTTP', async () => {
+  const out = transpile();
+  const [pa, pb] = [await freePort(), await freePort()];
+  const [ua, ub] = [`http://127.0.0.1:${pa}`, `http://127.0.0.1:${pb}`];
+  const [a, b] = [await start(out, ua), await start(out, ub)];
+  const servers = [await a.serve(pa), await b.serve(pb)];
+  try {
+    const alice = account(a, ua);
+    const bob = account(b, ub);
+    const params = alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'across', Date.now(), false);
+    // Bob's signed route, published at Alice's relay (as a contact card hands it over).
+    const pub = a.relay.call({ tag: 'anonymous' }, undefined, 'route.publish', enc.encode(`{"route":${bob.id.route(NET, ub, 1, Date.now())}}`), now());
+    assert.equal(pub.status, 200, dec.decode(pub.body));
+    const sent = a.relay.send(alice.caller, enc.encode(params), now());
+    assert.equal(sent.status, 200, dec.decode(sent.body));
+    a.run(sent.events);
+    const id = JSON.parse(params).envelope.message_id;
+    for (let i = 0; i < 100 && json(a.relay.status(alice.caller, enc.encode(JSON.stringify({ message_id: id })), now())).status !== 'target_accepted'; i += 1) {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.equal(json(a.relay.status(alice.caller, enc.encode(JSON.stringify({ message_id: id })), now())).status, 'target_accepted');
+    const synced = b.relay.sync(bob.caller, enc.encode('{"after":0}'), now());
+    assert.deepEqual(json(synced).entries.map((e) => bob.id.openEntry(JSON.stringify(e))), ['across']);
+  } finally {
+    for (const s of servers) s.close();
+    await a.close();
+    await b.close();
+    fs.rmSync(out, { recursive: true, force: true });
+  }
+});
