@@ -8,6 +8,7 @@ import { serve, parseAddr } from './server.js';
 import { RelayThread } from './relay-thread.js';
 import { Log, messageOf } from './log.js';
 import { parseCommand, renderAnswer } from '../pkg/relay_settings.js';
+import { tuning } from './tuning.js';
 
 /**
  * What `serve` is given: the settings of `relay serve` (camelCase), the policies as given.
@@ -159,7 +160,14 @@ export async function main(argv) {
     relay: url, network: s.network, policies: s.policies, data: s.data ?? undefined, engine: s.engine, adminListen: s.adminListen, logFormat: s.logFormat,
     allowPrivatePeers: s.allowPrivatePeers, ...(ca ? { ca } : {}),
   };
-  const threaded = process.env.RELAY_NODE_THREAD !== '0';
+  let threaded;
+  try {
+    // The environment knobs (README): a malformed one stops the start, naming it.
+    threaded = tuning().nodeThread;
+  } catch (e) {
+    log.error(`relay-node: cannot start: ${messageOf(e)}`);
+    return 2;
+  }
   // The relay runs on a thread of its own and this one carries HTTP and WebSocket, so the
   // two overlap; RELAY_NODE_THREAD=0 runs both on this thread (to measure what it pays).
   let relay;

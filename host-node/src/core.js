@@ -10,6 +10,7 @@ import { hostCrypto } from './native.js';
 import { Log, messageOf } from './log.js';
 import { stepOf, frameOf, isTrap } from './kit/step.js';
 import { CommitGroup } from './kit/group.js';
+import { tuning } from './tuning.js';
 
 export { stepOf };
 
@@ -25,13 +26,7 @@ let loaded = null;
  * alone, to measure what grouping pays). No cap by default: a cap of 16 measured within
  * noise here (docs/performance.md).
  */
-const GROUP_CAP = groupCap(process.env.RELAY_GROUP_COMMIT);
-
-function groupCap(v) {
-  if (v === undefined || v === '') return Infinity;
-  if (!/^\d+$/.test(v)) throw new Error(`RELAY_GROUP_COMMIT must be a number of calls, not ${v}`);
-  return Number(v);
-}
+const groupCap = () => tuning().groupCommit ?? Infinity;
 
 /**
  * A fresh instance of the core (its own glue and wasm memory), with the host's native crypto
@@ -186,7 +181,7 @@ export class Core {
         if (isTrap(e)) this.#trapped(e);
         this.onCommitFailed?.();
       },
-      cap: GROUP_CAP,
+      cap: groupCap(),
     });
   }
 
@@ -199,7 +194,7 @@ export class Core {
    * @returns {Promise<Step>}
    */
   async grouped(f) {
-    if (!this.storage.durable || GROUP_CAP === 0) return this.#step(f, true);
+    if (!this.storage.durable || this.group.cap === 0) return this.#step(f, true);
     this.group.enter();
     const reply = this.#step(f, false);
     // The call trapped: the group's writes went with the instance, and its answers with them.

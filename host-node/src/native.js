@@ -13,6 +13,7 @@
 
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
+import { tuning } from './tuning.js';
 
 const require = createRequire(import.meta.url);
 
@@ -44,8 +45,8 @@ export function hostCrypto() {
   const native = addon();
   if (!native) return (loaded = null);
   const crypto = {};
-  if (process.env.RELAY_OWN_VERIFY !== '1') crypto.verifyEd25519 = native.verifyEd25519;
-  if (process.env.RELAY_OWN_SHA256 !== '1') crypto.sha256Into = native.sha256Into;
+  if (!tuning().ownVerify) crypto.verifyEd25519 = native.verifyEd25519;
+  if (!tuning().ownSha256) crypto.sha256Into = native.sha256Into;
   return (loaded = crypto);
 }
 
@@ -60,6 +61,6 @@ export function addon() {
       tried.push(`${where}: ${e.code ?? e.message}`);
     }
   }
-  if (process.env.RELAY_NATIVE_REQUIRED === '1') throw new Error(`no native crypto for ${name} (${tried.join('; ')})`);
+  if (tuning().nativeRequired) throw new Error(`no native crypto for ${name} (${tried.join('; ')})`);
   return null;
 }

@@ -12,6 +12,8 @@
 // exact bytes are remembered, so a guess (or a forged request) can only cost a miss, never
 // change a verdict.
 
+import { tuning } from './tuning.js';
+
 /** The verdict code of a valid signature (relay_core::wire::signature::code::VALID). */
 const VALID = 0;
 
@@ -83,5 +85,5 @@ export class Ahead {
 
 /** Whether pre-verification is on: the addon has it and `RELAY_PREVERIFY=0` (for measuring) is not set. */
 export function preverifying(native) {
-  return Boolean(native?.preverifyOpen) && process.env.RELAY_PREVERIFY !== '0';
+  return Boolean(native?.preverifyOpen) && tuning().preverify;
 }

@@ -76,7 +76,7 @@ test('the packed package installs with no compiler and runs the README example o
     const native = path.join(HERE, 'npm', platform());
     const [nativePacked] = JSON.parse(run('npm', ['pack', '--json', '--pack-destination', dir], { cwd: native }));
     const files = packed.files.map((f) => f.path).sort();
-    for (const f of ['pkg/relay_wasm_script_bg.wasm', 'pkg/relay_wasm.js', 'pkg/relay_settings.js', 'src/index.js', 'src/index.d.ts', 'bin/relay-node.js']) {
+    for (const f of ['pkg/relay_wasm_script_bg.wasm', 'pkg/relay_wasm.js', 'pkg/relay_settings.js', 'pkg/tuning.json', 'src/index.js', 'src/index.d.ts', 'bin/relay-node.js']) {
       assert.ok(files.includes(f), `the tarball holds ${f}`);
     }
     assert.deepEqual(files.filter((f) => f.endsWith('.node')), [], 'no native binary in the main package');

@@ -296,7 +296,8 @@ pub async fn start_with(
             })?;
     }
     // `RELAY_PREVERIFY=0` leaves every verification to the core thread (to measure what this pays).
-    let pre = (std::env::var_os("RELAY_PREVERIFY").is_none_or(|v| v != "0"))
+    let pre = relay_settings::tuning()
+        .preverify
         .then(|| Arc::new(Preverify::default()));
     let metrics = Arc::new(HostMetrics::default());
     let health = Arc::new(ops::Health::default());

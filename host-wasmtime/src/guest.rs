@@ -223,7 +223,7 @@ fn engine(fuel: bool) -> wasmtime::Result<Engine> {
         .consume_fuel(fuel)
         .epoch_interruption(true);
     // `RELAY_PERFMAP=1` names compiled wasm functions for `perf` (/tmp/perf-PID.map).
-    if std::env::var_os("RELAY_PERFMAP").is_some_and(|v| v == "1") {
+    if relay_settings::tuning().perfmap {
         cfg.profiler(wasmtime::ProfilingStrategy::PerfMap);
     }
     Engine::new(&cfg)
@@ -244,8 +244,8 @@ fn instantiate(
         .instances(16)
         .trap_on_grow_failure(true)
         .build();
-    let flag = |name: &str| std::env::var_os(name).is_some_and(|v| v == "1");
-    let (own_verify, own_sha256) = (flag("RELAY_OWN_VERIFY"), flag("RELAY_OWN_SHA256"));
+    let tuning = relay_settings::tuning();
+    let (own_verify, own_sha256) = (tuning.own_verify, tuning.own_sha256);
     let mut s = Store::new(
         engine,
         HostState {

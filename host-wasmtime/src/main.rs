@@ -66,6 +66,11 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Ok(Parsed::Serve(settings)) => {
+            // The environment knobs (README: "Environment knobs"): a malformed one stops the start.
+            if let Err(e) = relay_settings::Tuning::from_env() {
+                eprintln!("relay: {e}");
+                std::process::exit(2)
+            }
             init_logs(settings.log_format);
             let running = relay_host_wasmtime::start(*settings).await?;
             println!(

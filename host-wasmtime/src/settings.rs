@@ -12,8 +12,8 @@ pub fn component_path(settings: &Settings) -> PathBuf {
     if let Some(p) = &settings.component {
         return p.clone();
     }
-    if let Ok(p) = std::env::var("RELAY_COMPONENT") {
-        return PathBuf::from(p);
+    if let Some(p) = &relay_settings::tuning().component {
+        return p.clone();
     }
     let beside = std::env::current_exe()
         .ok()

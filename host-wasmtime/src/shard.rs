@@ -174,10 +174,9 @@ pub(crate) fn spawn_core(s: CoreStart) -> anyhow::Result<CoreHandle> {
         };
         // `RELAY_GROUP_COMMIT=0` commits each call alone and `=N` caps a group at N calls
         // (to measure what grouping and its size pay).
-        let max_group = match std::env::var("RELAY_GROUP_COMMIT").map(|v| v.parse::<usize>()) {
-            Ok(Ok(n)) => n.max(1),
-            _ => MAX_GROUP,
-        };
+        let max_group = relay_settings::tuning()
+            .group_commit
+            .map_or(MAX_GROUP, |n| n.max(1));
         // Jobs run until every handle is gone; the last group's commit finishes first.
         let (mut traps, mut restarts) = (0, 0);
         while let Ok(job) = rx.recv() {

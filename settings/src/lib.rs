@@ -16,10 +16,12 @@
 mod admin;
 mod serve;
 mod table;
+pub mod tuning;
 
 pub use admin::{Admin, AdminCall, AdminCommand, DeliveryState};
 pub use serve::{Engine, LogFormat, Settings};
 pub use table::{render, View};
+pub use tuning::{tuning, Tuning, KNOBS};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::Path;

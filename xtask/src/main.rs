@@ -138,7 +138,15 @@ fn build_settings_js(out: &Path) -> Result<()> {
         .nodejs_module(true)
         .map_err(|e| format!("wasm-bindgen: {e:#}"))?
         .typescript(true);
-    b.generate(out).map_err(|e| format!("wasm-bindgen: {e:#}"))
+    b.generate(out)
+        .map_err(|e| format!("wasm-bindgen: {e:#}"))?;
+    // The environment knobs, from the one table (relay-settings' `KNOBS`): the Node host
+    // reads them by it (src/tuning.js), without loading this module.
+    std::fs::write(
+        out.join("tuning.json"),
+        relay_settings::tuning::knobs_json(),
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Builds `relay-wasm` for wasm32-unknown-unknown and writes it without DWARF beside itself;
