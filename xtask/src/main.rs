@@ -340,3 +340,45 @@ fn check(component: &[u8]) -> Result<()> {
     println!("component imports: {imports:?}; exports: {exports:?}");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every item a host writer reads in `wit/relay.wit` (the package, its interfaces and
+    /// world, each type and each function) has a doc comment right above it: the WIT is the
+    /// product's API, and `wasm-tools component wit` of the built component shows these docs.
+    #[test]
+    fn every_item_of_the_wit_has_a_doc_comment() {
+        let wit = std::fs::read_to_string(super::root().join("wit/relay.wit")).unwrap();
+        let lines: Vec<&str> = wit.lines().map(str::trim).collect();
+        let item = |l: &str| {
+            let first = l.split_whitespace().next().unwrap_or("");
+            matches!(
+                first,
+                "package"
+                    | "interface"
+                    | "world"
+                    | "record"
+                    | "enum"
+                    | "variant"
+                    | "flags"
+                    | "resource"
+                    | "type"
+            ) || l.contains(": func(")
+                || l.contains(": static func(")
+        };
+        let mut undocumented = Vec::new();
+        for (i, l) in lines.iter().enumerate() {
+            if item(l) && !(i > 0 && lines[i - 1].starts_with("///")) {
+                undocumented.push(format!("line {}: {l}", i + 1));
+            }
+        }
+        assert!(
+            undocumented.is_empty(),
+            "items without docs: {undocumented:#?}"
+        );
+        assert!(
+            lines.iter().filter(|l| item(l)).count() > 40,
+            "the check sees the items"
+        );
+    }
+}
