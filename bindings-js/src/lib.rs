@@ -392,11 +392,35 @@ fn route_wanted(w: &relay_core::transport::RouteWanted) -> relay_core::wire::jso
     Value::Object(o)
 }
 
-/// What a host saw of an exchange: `status` >= 0 an answer with `body`, -1 never sent, else unknown.
-fn fetch_of(status: i32, body: &[u8]) -> Fetch {
-    match status {
-        s if s >= 0 => Fetch::Answered(s.min(u16::MAX as i32) as u16, body.to_vec()),
-        -1 => Fetch::NotSent,
+#[wasm_bindgen(typescript_custom_section)]
+const FETCH_OUTCOME: &'static str = r#"
+/** What a host saw of an exchange it made for the core (the WIT's `fetch`): the peer's
+ * answer, never sent (no connection was made), or unknown (it may have arrived). */
+export type FetchOutcome =
+  | { kind: 'answered'; status: number; body: Uint8Array }
+  | { kind: 'not_sent' }
+  | { kind: 'unknown' };
+"#;
+
+/// A `FetchOutcome` from JavaScript as the WIT's `fetch`; anything else is unknown (always safe).
+fn fetch_of(outcome: &JsValue) -> Fetch {
+    let field =
+        |name: &str| Reflect::get(outcome, &JsValue::from_str(name)).unwrap_or(JsValue::UNDEFINED);
+    match field("kind").as_string().as_deref() {
+        Some("answered") => {
+            let status = field("status")
+                .as_f64()
+                .unwrap_or(0.0)
+                .clamp(0.0, f64::from(u16::MAX)) as u16;
+            let body = field("body");
+            let body = if body.is_instance_of::<Uint8Array>() {
+                Uint8Array::from(body).to_vec()
+            } else {
+                Vec::new()
+            };
+            Fetch::Answered(status, body)
+        }
+        Some("not_sent") => Fetch::NotSent,
         _ => Fetch::Unknown,
     }
 }
@@ -534,11 +558,15 @@ impl RelayCore {
         response_bytes(&self.relay.sibling(url, body, now as u64))
     }
 
-    /// Reports the `route.get` of a `route` step on the sibling shard: `status` as for
-    /// `fetched`, then the request is submitted again.
+    /// Reports the `route.get` of a `route` step on the sibling shard, then the request is
+    /// submitted again.
     #[wasm_bindgen(js_name = routeFetched)]
-    pub fn route_fetched(&mut self, account: &str, status: i32, body: &[u8]) {
-        self.relay.route_fetched(account, fetch_of(status, body));
+    pub fn route_fetched(
+        &mut self,
+        account: &str,
+        #[wasm_bindgen(unchecked_param_type = "FetchOutcome")] outcome: JsValue,
+    ) {
+        self.relay.route_fetched(account, fetch_of(&outcome));
     }
 
     /// The shard (of `count`) whose core handles this request: `handle`'s arguments
@@ -557,11 +585,16 @@ impl RelayCore {
         relay_core::transport::placement::shard_of(&req, count)
     }
 
-    /// Reports the GET of a `fetch` step for `relay`: `status` as for `fetched`.
+    /// Reports the GET of a `fetch` step for `relay`.
     #[wasm_bindgen(js_name = keyFetched)]
-    pub fn key_fetched(&mut self, relay: &str, status: i32, body: &[u8], now: f64) {
+    pub fn key_fetched(
+        &mut self,
+        relay: &str,
+        #[wasm_bindgen(unchecked_param_type = "FetchOutcome")] outcome: JsValue,
+        now: f64,
+    ) {
         self.relay
-            .key_fetched(relay, fetch_of(status, body), now as u64);
+            .key_fetched(relay, fetch_of(&outcome), now as u64);
     }
 
     /// A WebSocket text message of the session `token`: `HEAD\nFRAME`, the answer frame
@@ -609,20 +642,18 @@ impl RelayCore {
         String::from_utf8(out).unwrap_or_default()
     }
 
-    /// Reports a `send` event the host carried: `status` >= 0 the peer's answer (`body`), -1
-    /// never sent, -2 sent without an answer. Returns the events JSON.
+    /// Reports what became of a `send` event the host carried. Returns the events JSON.
     pub fn fetched(
         &mut self,
         task: &str,
         attempt: u32,
-        status: i32,
-        body: &[u8],
+        #[wasm_bindgen(unchecked_param_type = "FetchOutcome")] outcome: JsValue,
         now: f64,
     ) -> String {
         events_string(
             &self
                 .relay
-                .fetched(task, attempt, fetch_of(status, body), now as u64),
+                .fetched(task, attempt, fetch_of(&outcome), now as u64),
         )
     }
 
@@ -988,9 +1019,13 @@ impl HostMetrics {
         HostMetrics::default()
     }
 
-    /// One outbound attempt that took `seconds`; `status` as for `fetched`.
-    pub fn attempt(&self, status: i32, seconds: f64) {
-        self.0.attempt(&fetch_of(status, &[]), seconds);
+    /// One outbound attempt that took `seconds`, and what became of it.
+    pub fn attempt(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "FetchOutcome")] outcome: JsValue,
+        seconds: f64,
+    ) {
+        self.0.attempt(&fetch_of(&outcome), seconds);
     }
 
     /// One durable commit of `size` operations that took `seconds`.

@@ -290,9 +290,9 @@ export class Core {
   handle(req, round, now) {
     return this.grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, round, now));
   }
-  /** Reports the GET of a `fetch` step: `status` the answer's (with `body`), -1 never sent, -2 no answer. */
-  keyFetched(relay, status, body, now) {
-    this.guard((c) => c.keyFetched(relay, status, body, now), null);
+  /** Reports the GET of a `fetch` step. @param {string} relay @param {import('./kit/outcome.js').Outcome} outcome @param {number} now */
+  keyFetched(relay, outcome, now) {
+    this.guard((c) => c.keyFetched(relay, outcome, now), null);
   }
   /**
    * A WebSocket text message: the answer frame, and the close to follow it and effects, if any.
@@ -311,9 +311,13 @@ export class Core {
   callValue(kind, value, method, params, now) {
     return this.guard((c) => c.callValue(kind, value, method, params, now), { status: 500, body: JSON.parse(decoder.decode(uncommitted().body)) });
   }
-  /** Reports a `send` event the host carried (`status` as for `keyFetched`); returns the events. @returns {object[]} */
-  fetched(task, attempt, status, body, now) {
-    return JSON.parse(this.guard((c) => c.fetched(task, attempt, status, body, now), '[]'));
+  /**
+   * Reports what became of a `send` event the host carried; returns the events.
+   * @param {string} task @param {number} attempt @param {import('./kit/outcome.js').Outcome} outcome @param {number} now
+   * @returns {object[]}
+   */
+  fetched(task, attempt, outcome, now) {
+    return JSON.parse(this.guard((c) => c.fetched(task, attempt, outcome, now), '[]'));
   }
   /**
    * Runs what is due: the events (ending with the next wake-up, if any), the entries the

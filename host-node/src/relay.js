@@ -15,7 +15,7 @@ import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbo
 import { LIMITS } from './limits.js';
 import { secret } from './secrets.js';
 import { KeyFetches, answer, runEvents } from './kit/requests.js';
-import { reported, failure, answered, notSent, unknown } from './kit/outcome.js';
+import { failure, answered, notSent, unknown } from './kit/outcome.js';
 
 export { secret };
 
@@ -117,7 +117,7 @@ export class Relay extends EventEmitter {
       (relay, o) => {
         const why = failure(o);
         if (why) this.log.debug(`key fetch from ${relay} failed: ${why}`);
-        this.core.keyFetched(relay, ...reported(o), Date.now());
+        this.core.keyFetched(relay, o, Date.now());
       },
     );
     /** What the core's events do here (the kit runs them). */
@@ -327,10 +327,9 @@ export class Relay extends EventEmitter {
     const p = (async () => {
       const started = performance.now();
       const r = await this.exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
-      const [status, body] = reported(r);
-      this.metrics.attempt(status, (performance.now() - started) / 1000);
+      this.metrics.attempt(r, (performance.now() - started) / 1000);
       if (this.closed) return;
-      this.#run(this.core.fetched(e.task, e.attempt, status, body, Date.now()));
+      this.#run(this.core.fetched(e.task, e.attempt, r, Date.now()));
     })();
     this.inflight.add(p);
     try {

@@ -18,7 +18,7 @@ import { SqlStore, ShardIndex } from './store.js';
 import { EMPTY, frameOf, isTrap } from '../kit/step.js';
 import { CommitGroup } from '../kit/group.js';
 import { KeyFetches, answer as answerOf, runEvents } from '../kit/requests.js';
-import { answered, notSent, unknown, reported, failure, readAll } from '../kit/outcome.js';
+import { answered, notSent, unknown, failure, readAll } from '../kit/outcome.js';
 
 /** The keys of CONFIG that are the engine's own options (relay-settings' `Engine`). */
 const ENGINE_KEYS = ['attempt_timeout', 'max_in_flight_per_destination'];
@@ -259,7 +259,7 @@ export class RelayShard extends DurableObject {
       (relay, o) => {
         const why = failure(o);
         if (why) console.warn(`key fetch from ${relay} failed: ${why}`);
-        this.#call((c) => c.keyFetched(relay, ...reported(o), Date.now()), undefined);
+        this.#call((c) => c.keyFetched(relay, o, Date.now()), undefined);
       },
     );
     /** What the core's events do here (the kit runs them). */
@@ -502,7 +502,7 @@ export class RelayShard extends DurableObject {
   async #fetchRoute({ account, shard: k, path, body }) {
     // The core's request for the sibling: route.get of the account.
     const r = await this.#internal(k, 'POST', path, '', encoder.encode(body));
-    this.#call((c) => c.routeFetched(account, ...reported(r)), undefined);
+    this.#call((c) => c.routeFetched(account, r), undefined);
   }
 
   /**
@@ -647,7 +647,7 @@ export class RelayShard extends DurableObject {
   async #attempt(e) {
     const r = e.shard !== undefined && e.shard !== null ? await this.#toSibling(e.shard, e.url, encoder.encode(e.body)) : await this.#exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
     // In the commit group of its turn, like a request: its events run after the commit.
-    this.#run(JSON.parse((await this.#grouped((c) => c.fetched(e.task, e.attempt, ...reported(r), Date.now()))) ?? '[]'));
+    this.#run(JSON.parse((await this.#grouped((c) => c.fetched(e.task, e.attempt, r, Date.now()))) ?? '[]'));
   }
 
   /**

@@ -3,6 +3,8 @@
 // The host only classifies: answered (the peer's status and body), not sent (the request
 // cannot have reached the peer: no connection was made), or unknown (it may have; the core
 // treats it as possibly delivered). What each means for the delivery is the core's decision.
+// The outcomes are the core's `FetchOutcome` (the WIT's `fetch`), passed to `keyFetched`,
+// `routeFetched` and `fetched` as they are; `why` is for the host's log.
 
 import { EMPTY } from './step.js';
 
@@ -16,16 +18,6 @@ export const answered = (status, body) => ({ kind: 'answered', status, body });
 export const notSent = (why) => ({ kind: 'not_sent', why });
 /** @param {string} why @returns {Outcome} */
 export const unknown = (why) => ({ kind: 'unknown', why });
-
-/**
- * The outcome as the core's calls take it (`keyFetched`, `fetched`): the answer's status and
- * body, or -1 never sent, -2 sent without an answer.
- * @param {Outcome} o @returns {[number, Uint8Array]}
- */
-export function reported(o) {
-  if (o.kind === 'answered') return [o.status, o.body];
-  return [o.kind === 'not_sent' ? -1 : -2, EMPTY];
-}
 
 /** Why the outcome is not a 200 answer, for a log line (null when it is one). @param {Outcome} o */
 export function failure(o) {
