@@ -50,17 +50,31 @@ export function hostCrypto() {
   return (loaded = crypto);
 }
 
-/** The addon itself (also for tests that compare it with the core's own verification), or null. */
+/** The addon's module once found (null: none for this platform); undefined until then. */
+let found;
+/** Why none was found, for RELAY_NATIVE_REQUIRED. */
+let missing = '';
+
+/**
+ * The addon itself (also for tests that compare it with the core's own verification), or
+ * null. Found once per process (thread): naming the platform reads a diagnostic report,
+ * about 10 ms, and a relay thread asks at every start.
+ */
 export function addon() {
-  const name = platform();
-  const tried = [];
-  for (const where of [`relay-node-${name}`, new URL(`../npm/${name}/relay_native.node`, import.meta.url).pathname]) {
-    try {
-      return require(where);
-    } catch (e) {
-      tried.push(`${where}: ${e.code ?? e.message}`);
+  if (found === undefined) {
+    const name = platform();
+    const tried = [];
+    found = null;
+    for (const where of [`relay-node-${name}`, new URL(`../npm/${name}/relay_native.node`, import.meta.url).pathname]) {
+      try {
+        found = require(where);
+        break;
+      } catch (e) {
+        tried.push(`${where}: ${e.code ?? e.message}`);
+      }
     }
+    if (found === null) missing = `no native crypto for ${name} (${tried.join('; ')})`;
   }
-  if (tuning().nativeRequired) throw new Error(`no native crypto for ${name} (${tried.join('; ')})`);
-  return null;
+  if (found === null && tuning().nativeRequired) throw new Error(missing);
+  return found;
 }
