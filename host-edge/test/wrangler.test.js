@@ -2,7 +2,7 @@
 // into an empty app beside the README's Worker (host-node/examples/worker: src/index.js and
 // the wrangler.jsonc template), then `wrangler dev` runs it locally and a client registers,
 // sends itself a message and reads it back over HTTP. wrangler needs Node 22.12 or later: it
-// runs on the Node 22 the package test installs (host-node/runtimes).
+// runs on the Node 22 of host-node/runtimes (the npm registry's).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Identity } from '../../host-node/pkg/relay_wasm.js';
-import { NET, post, eventually, freePort } from '../../host-node/test/helpers.js';
+import { NET, post, eventually, freePort, runtime } from '../../host-node/test/helpers.js';
 
 const NODE = path.resolve(new URL('../..', import.meta.url).pathname);
 const HOST_NODE = path.join(NODE, 'host-node');
@@ -21,13 +21,6 @@ function run(cmd, args, opts) {
   const r = spawnSync(cmd, args, { encoding: 'utf8', maxBuffer: 64 << 20, timeout: 600_000, ...opts });
   if (r.status !== 0) throw new Error(`${cmd} ${args.join(' ')} failed (${r.status ?? r.signal}):\n${r.stdout}\n${r.stderr}`);
   return r.stdout;
-}
-
-/** The Node 22 of host-node/runtimes (installed by the package test, or here). */
-function node22() {
-  const bin = path.join(HOST_NODE, 'runtimes/node_modules/node22/bin/node');
-  if (!fs.existsSync(bin)) run('npm', ['ci', '--no-audit', '--no-fund'], { cwd: path.join(HOST_NODE, 'runtimes') });
-  return bin;
 }
 
 test('wrangler dev runs the Worker template over the packed relay-node: a self-delivery over HTTP', async () => {
@@ -50,7 +43,7 @@ test('wrangler dev runs the Worker template over the packed relay-node: a self-d
     const b64u = (n) => crypto.randomBytes(n).toString('base64url');
     fs.writeFileSync(path.join(app, '.dev.vars'), `RELAY_KEY=${b64u(32)}\nADMIN_TOKEN=${b64u(24)}\n`);
 
-    dev = spawn(node22(), [WRANGLER, 'dev', '--ip', '127.0.0.1', '--port', String(port)], {
+    dev = spawn(runtime('node22/bin/node'), [WRANGLER, 'dev', '--ip', '127.0.0.1', '--port', String(port)], {
       cwd: app,
       env: { ...process.env, WRANGLER_SEND_METRICS: 'false', CI: '1' },
       stdio: ['ignore', 'pipe', 'pipe'],

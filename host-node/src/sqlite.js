@@ -97,6 +97,11 @@ function betterSqlite3(Database) {
 
 /** node:sqlite (Node 22.13+, Deno 2.2+): `DatabaseSync`, rows as objects unless arrays are offered. */
 function nodeSqlite({ DatabaseSync, backup }) {
+  // Node 22's node:sqlite binds an empty Uint8Array without a backing store (TextEncoder's,
+  // or one copied out of wasm) as NULL, so `k >= ?` with an empty start matched nothing: an
+  // empty key is bound as this one instead (test/sqlite.test.js).
+  const EMPTY_KEY = new Uint8Array(0);
+  const args = (a) => a.map((x) => (x instanceof Uint8Array && x.byteLength === 0 ? EMPTY_KEY : x));
   return (file) => {
     const db = new DatabaseSync(file);
     let open = true;
@@ -110,20 +115,21 @@ function nodeSqlite({ DatabaseSync, backup }) {
         const pair = arrays ? (r) => r : (r) => Object.values(r);
         return {
           value: (...a) => {
-            const r = s.get(...a);
+            const r = s.get(...args(a));
             return r === undefined ? undefined : pair(r)[0];
           },
           first: (...a) => {
-            const r = s.get(...a);
+            const r = s.get(...args(a));
             return r === undefined ? undefined : pair(r);
           },
           *rows(...a) {
-            for (const r of s.iterate(...a)) yield pair(r);
+            for (const r of s.iterate(...args(a))) yield pair(r);
           },
-          run: (...a) => void s.run(...a),
+          run: (...a) => void s.run(...args(a)),
         };
       },
       transaction: (f) => manualTransaction(db, f),
+      // The online backup where the runtime has it (Node 22.16+), else VACUUM INTO (Deno).
       backup: async (to) => {
         if (typeof backup === 'function') await backup(db, to, { rate: 4096 });
         else db.prepare('VACUUM INTO ?').run(to);

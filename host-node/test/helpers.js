@@ -1,4 +1,6 @@
 // Test helpers: client identities (keys and signed objects from the core's own builders).
+import fs from 'node:fs';
+import { spawnSync } from 'node:child_process';
 import { Identity } from '../pkg/relay_wasm.js';
 
 export const NET = 'dev';
@@ -81,4 +83,19 @@ export async function freePort() {
     }
   }
   throw new Error('no free loopback port below the ephemeral range');
+}
+
+/**
+ * The JavaScript runtimes the package is tested on, from the npm registry (host-node/runtimes,
+ * installed once per lock file): the path of a file in their node_modules.
+ * @param {string} file e.g. `node22/bin/node`
+ */
+export function runtime(file) {
+  const dir = new URL('../runtimes/', import.meta.url).pathname;
+  const stamp = `${dir}node_modules/.package-lock.json`;
+  if (!fs.existsSync(stamp) || fs.statSync(`${dir}package-lock.json`).mtimeMs > fs.statSync(stamp).mtimeMs) {
+    const r = spawnSync('npm', ['ci', '--no-audit', '--no-fund'], { cwd: dir, encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`npm ci in host-node/runtimes failed: ${r.stderr}`);
+  }
+  return `${dir}node_modules/${file}`;
 }

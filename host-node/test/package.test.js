@@ -9,9 +9,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { platform } from '../src/native.js';
+import { runtime } from './helpers.js';
 
 const HERE = path.resolve(new URL('..', import.meta.url).pathname);
-const RUNTIMES = path.join(HERE, 'runtimes');
 const MIB = 1024 * 1024;
 /** What the test saw, for the benchmark report and the closing note (target/package/report.json). */
 const REPORT = path.resolve(HERE, '../target/package/report.json');
@@ -24,21 +24,15 @@ function run(cmd, args, opts = {}) {
   return r.stdout;
 }
 
-/** The runtimes from the npm registry (host-node/runtimes), installed once per lock file. */
+/** The runtimes the example runs on: this machine's Node 20, then those from the npm registry. */
 function runtimes() {
-  const stamp = path.join(RUNTIMES, 'node_modules/.package-lock.json');
-  const lock = path.join(RUNTIMES, 'package-lock.json');
-  if (!fs.existsSync(stamp) || fs.statSync(lock).mtimeMs > fs.statSync(stamp).mtimeMs) {
-    run('npm', ['ci', '--no-audit', '--no-fund'], { cwd: RUNTIMES });
-  }
-  const bin = (p) => path.join(RUNTIMES, 'node_modules', p);
   return [
     { name: 'node 20', cmd: process.execPath, args: [], sqlite: null },
-    { name: 'node 22', cmd: bin('node22/bin/node'), args: [], sqlite: 'node:sqlite' },
-    { name: 'node 24', cmd: bin('node24/bin/node'), args: [], sqlite: 'node:sqlite' },
-    { name: 'node 26', cmd: bin('node26/bin/node'), args: [], sqlite: 'node:sqlite' },
-    { name: 'deno 2', cmd: bin('deno/deno'), args: ['run', '-A'], sqlite: 'node:sqlite' },
-    { name: 'bun 1', cmd: bin('bun/bin/bun'), args: [], sqlite: 'bun:sqlite' },
+    { name: 'node 22', cmd: runtime('node22/bin/node'), args: [], sqlite: 'node:sqlite' },
+    { name: 'node 24', cmd: runtime('node24/bin/node'), args: [], sqlite: 'node:sqlite' },
+    { name: 'node 26', cmd: runtime('node26/bin/node'), args: [], sqlite: 'node:sqlite' },
+    { name: 'deno 2', cmd: runtime('deno/deno'), args: ['run', '-A'], sqlite: 'node:sqlite' },
+    { name: 'bun 1', cmd: runtime('bun/bin/bun'), args: [], sqlite: 'bun:sqlite' },
   ];
 }
 
