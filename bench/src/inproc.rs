@@ -174,7 +174,7 @@ impl Target for WasmHttp {
             origin: Some("127.0.0.1".to_string()),
         };
         let sending = token.filter(|_| method == "message.send");
-        match self.0.core.handle(&req, 0, sending, now_ms()) {
+        match self.0.core.handle(&req, sending, now_ms()).0 {
             guest::Step::Respond(r) => (r.status, r.body),
             _ => (500, b"not a response".to_vec()),
         }

@@ -13,7 +13,8 @@ use relay_core::engine::{Caller, Config, Engine, Entropy, Storage, StorageError}
 use relay_core::transport::health;
 use relay_core::transport::http::HEADERS;
 use relay_core::transport::{
-    host_metrics, socket, Event, Fetch, Method, Relay, Request, Response, Step,
+    host_metrics, socket, Event, Fetch, Method, Need, Parked, Relay, Request, Response, Resumed,
+    Resumption, Step,
 };
 use relay_core::wire::canonical;
 use relay_core::wire::canonical::write_string;
@@ -379,6 +380,117 @@ fn step_line(key: &str, value: &relay_core::wire::json::Value) -> Vec<u8> {
     out
 }
 
+/// A step as `handle` returns it: a head line of JSON, then an answer's body.
+fn step_bytes(step: Step) -> Vec<u8> {
+    use relay_core::wire::json::{Object, Value};
+    match step {
+        Step::Respond(r) => response_bytes(&r),
+        Step::Parked(p) => step_line("parked", &parked_json(&p)),
+        Step::Upgrade(u) => {
+            let mut o = Object::new();
+            o.insert("token", u.token);
+            o.insert("account", u.account);
+            o.insert("device_id", u.device_id);
+            o.insert("expires_at", u.expires_at);
+            // The close the host makes at expires_at (the core's, so no host spells it).
+            let mut close = Object::new();
+            close.insert(
+                "code",
+                u64::from(relay_core::transport::socket::SESSION_CLOSED),
+            );
+            close.insert("reason", relay_core::transport::socket::EXPIRED);
+            o.insert("expiry_close", close);
+            step_line("upgrade", &Value::Object(o))
+        }
+        Step::Backup { path } => step_line("backup", &Value::from(path.as_str())),
+    }
+}
+
+/// A frame's answer as `message` returns it.
+fn answer_string(a: relay_core::transport::Answer) -> String {
+    let mut out = Vec::with_capacity(a.text.len() + 2);
+    if let Some(p) = &a.parked {
+        // Not answered: it waits in the core (its answer comes back from a report).
+        push_str(&mut out, "{\"parked\":");
+        out.extend_from_slice(&canonical::to_vec(&parked_json(p)));
+        push_str(&mut out, "}\n");
+        return String::from_utf8(out).unwrap_or_default();
+    }
+    if a.close.is_some() || !a.effects.is_empty() {
+        out.push(b'{');
+        if let Some((code, reason)) = a.close {
+            push_str(&mut out, &format!("\"close\":[{code},"));
+            write_string(reason, &mut out);
+            out.push(b']');
+        }
+        if !a.effects.is_empty() {
+            if a.close.is_some() {
+                out.push(b',');
+            }
+            push_str(&mut out, "\"effects\":");
+            events_json(&a.effects, &mut out);
+        }
+        out.push(b'}');
+    }
+    out.push(b'\n');
+    out.extend_from_slice(a.text.as_bytes());
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `{"key"?: {relay, url, timeout_ms}, "route"?: {account, shard, path, body}}`: the fetch a
+/// parked request needs started (neither: one under way brings it).
+fn parked_json(p: &Parked) -> relay_core::wire::json::Value {
+    use relay_core::wire::json::{Object, Value};
+    let mut o = Object::new();
+    match &p.start {
+        Some(Need::Key {
+            relay,
+            url,
+            timeout_ms,
+        }) => {
+            let mut k = Object::new();
+            k.insert("relay", relay.as_str());
+            k.insert("url", url.as_str());
+            k.insert("timeout_ms", *timeout_ms);
+            o.insert("key", k);
+        }
+        Some(Need::Route(w)) => o.insert("route", route_wanted(w)),
+        None => {}
+    }
+    Value::Object(o)
+}
+
+#[wasm_bindgen(typescript_custom_section)]
+const RESUMED: &'static str = r#"
+/** A parked request's step, handed back by the report of the fetch it waited for (the
+ * WIT's `resumed`): an HTTP request's step as `handle` returns one, or a WebSocket frame's
+ * answer as `message` returns one, under the ticket the host gave it. */
+export type Resumed =
+  | { ticket: number; step: Uint8Array }
+  | { ticket: number; frame: string };
+"#;
+
+/// Resumptions as JavaScript objects (`Resumed`).
+fn resumed_array(resumed: Vec<Resumed>) -> Array {
+    let out = Array::new();
+    for r in resumed {
+        let o = js_sys::Object::new();
+        let _ = Reflect::set(&o, &"ticket".into(), &JsValue::from(r.ticket));
+        let _ = match r.resumption {
+            Resumption::Step(s) => Reflect::set(
+                &o,
+                &"step".into(),
+                &Uint8Array::from(step_bytes(s).as_slice()).into(),
+            ),
+            Resumption::Frame(a) => {
+                Reflect::set(&o, &"frame".into(), &JsValue::from(answer_string(a)))
+            }
+        };
+        out.push(&o);
+    }
+    out
+}
+
 /// `{"account", "shard", "path", "body"}` of a route a call waits for: the request to POST to
 /// that shard (the core's), then report with `routeFetched`.
 fn route_wanted(w: &relay_core::transport::RouteWanted) -> relay_core::wire::json::Value {
@@ -494,13 +606,14 @@ impl RelayCore {
     }
 
     /// Handles a request read whole. `headers` is `name\nvalue\n` for each header of
-    /// `requestHeaders` present; `origin` the peer's IP address (none in process). Returns a
-    /// line of JSON and, for an answer, its body: `{"status", "headers", "effects"?}\nBODY`,
-    /// or `{"fetch": {relay, url}}`, `{"upgrade": {token, account, device_id, expires_at}}`,
-    /// `{"backup": path}`, `{"route": {account, shard, path, body}}` (a sharded relay: POST
-    /// `body` to `path` on that shard, `routeFetched`, then submit again).
-    /// `round`: the steps carried out for this request so far (0 the first time); the core
-    /// answers busy rather than ask for another after `transport::ROUNDS`.
+    /// `requestHeaders` present; `origin` the peer's IP address (none in process); `ticket`
+    /// the host's name for the request, unique among those still parked. Returns a line of
+    /// JSON and, for an answer, its body: `{"status", "headers", "effects"?}\nBODY`, or
+    /// `{"upgrade": {token, account, device_id, expires_at, expiry_close}}`, `{"backup": path}`,
+    /// `{"parked": {"key"?: {relay, url, timeout_ms}, "route"?: {account, shard, path, body}}}`:
+    /// the request waits in the core; start the fetch it names (GET the key document; POST
+    /// `body` to `path` on that shard), report it with `keyFetched` / `routeFetched`, and its
+    /// step comes back from that report under `ticket`.
     #[allow(clippy::too_many_arguments)]
     pub fn handle(
         &mut self,
@@ -511,43 +624,16 @@ impl RelayCore {
         headers: &str,
         body: Vec<u8>,
         origin: Option<String>,
-        round: u32,
+        ticket: u32,
         now: f64,
     ) -> Vec<u8> {
         let req = Request::from_lines(admin, method, path, query, headers, body, origin);
-        use relay_core::wire::json::{Object, Value};
-        match self.relay.handle_again(&req, round, now as u64) {
-            Step::Respond(r) => response_bytes(&r),
-            Step::FetchKey {
-                relay,
-                url,
-                timeout_ms,
-            } => {
-                let mut o = Object::new();
-                o.insert("relay", relay);
-                o.insert("url", url);
-                o.insert("timeout_ms", timeout_ms);
-                step_line("fetch", &Value::Object(o))
-            }
-            Step::Upgrade(u) => {
-                let mut o = Object::new();
-                o.insert("token", u.token);
-                o.insert("account", u.account);
-                o.insert("device_id", u.device_id);
-                o.insert("expires_at", u.expires_at);
-                // The close the host makes at expires_at (the core's, so no host spells it).
-                let mut close = Object::new();
-                close.insert(
-                    "code",
-                    u64::from(relay_core::transport::socket::SESSION_CLOSED),
-                );
-                close.insert("reason", relay_core::transport::socket::EXPIRED);
-                o.insert("expiry_close", close);
-                step_line("upgrade", &Value::Object(o))
-            }
-            Step::Backup { path } => step_line("backup", &Value::from(path.as_str())),
-            Step::FetchRoute(w) => step_line("route", &route_wanted(&w)),
-        }
+        step_bytes(self.relay.handle(&req, ticket, now as u64))
+    }
+
+    /// Requests and frames parked in this core now, waiting for a fetch's report.
+    pub fn parked(&self) -> u32 {
+        self.relay.parked() as u32
     }
 
     /// A `send` event of a sibling shard whose `shard` names this core (its `url` and
@@ -558,15 +644,19 @@ impl RelayCore {
         response_bytes(&self.relay.sibling(url, body, now as u64))
     }
 
-    /// Reports the `route.get` of a `route` step on the sibling shard, then the request is
-    /// submitted again.
-    #[wasm_bindgen(js_name = routeFetched)]
+    /// Reports the `route.get` a parked step named on the sibling shard: the parked
+    /// requests it answers (and any no report reached in time, busy).
+    #[wasm_bindgen(js_name = routeFetched, unchecked_return_type = "Resumed[]")]
     pub fn route_fetched(
         &mut self,
         account: &str,
         #[wasm_bindgen(unchecked_param_type = "FetchOutcome")] outcome: JsValue,
-    ) {
-        self.relay.route_fetched(account, fetch_of(&outcome));
+        now: f64,
+    ) -> Array {
+        resumed_array(
+            self.relay
+                .route_fetched(account, fetch_of(&outcome), now as u64),
+        )
     }
 
     /// The shard (of `count`) whose core handles this request: `handle`'s arguments
@@ -585,61 +675,37 @@ impl RelayCore {
         relay_core::transport::placement::shard_of(&req, count)
     }
 
-    /// Reports the GET of a `fetch` step for `relay`.
-    #[wasm_bindgen(js_name = keyFetched)]
+    /// Reports the GET of the key document a parked step named for `relay`: the parked
+    /// requests it answers (and any no report reached in time, busy).
+    #[wasm_bindgen(js_name = keyFetched, unchecked_return_type = "Resumed[]")]
     pub fn key_fetched(
         &mut self,
         relay: &str,
         #[wasm_bindgen(unchecked_param_type = "FetchOutcome")] outcome: JsValue,
         now: f64,
-    ) {
-        self.relay
-            .key_fetched(relay, fetch_of(&outcome), now as u64);
+    ) -> Array {
+        resumed_array(
+            self.relay
+                .key_fetched(relay, fetch_of(&outcome), now as u64),
+        )
     }
 
     /// A WebSocket text message of the session `token`: `HEAD\nFRAME`, the answer frame
     /// after a line that is empty, or `{"close"?: [code, reason], "effects"?: [...]}`; or
-    /// `{"route": {account, shard, path, body}}` and no frame: fetch the route as for `handle`'s route
-    /// step, report it with `routeFetched`, and pass the same message again (`round` as for
-    /// `handle`).
+    /// `{"parked": {...}}` and no frame: the frame waits in the core under `ticket`, as for
+    /// `handle`'s parked step.
     pub fn message(
         &mut self,
         token: &str,
         origin: Option<String>,
         text: &str,
-        round: u32,
+        ticket: u32,
         now: f64,
     ) -> String {
-        let a = self
-            .relay
-            .message(token, origin.as_deref(), text, round, now as u64);
-        let mut out = Vec::with_capacity(a.text.len() + 2);
-        if let Some(w) = &a.route {
-            // Not answered: it waits for a sibling shard's route (`routeFetched`, then again).
-            push_str(&mut out, "{\"route\":");
-            out.extend_from_slice(&canonical::to_vec(&route_wanted(w)));
-            push_str(&mut out, "}\n");
-            return String::from_utf8(out).unwrap_or_default();
-        }
-        if a.close.is_some() || !a.effects.is_empty() {
-            out.push(b'{');
-            if let Some((code, reason)) = a.close {
-                push_str(&mut out, &format!("\"close\":[{code},"));
-                write_string(reason, &mut out);
-                out.push(b']');
-            }
-            if !a.effects.is_empty() {
-                if a.close.is_some() {
-                    out.push(b',');
-                }
-                push_str(&mut out, "\"effects\":");
-                events_json(&a.effects, &mut out);
-            }
-            out.push(b'}');
-        }
-        out.push(b'\n');
-        out.extend_from_slice(a.text.as_bytes());
-        String::from_utf8(out).unwrap_or_default()
+        answer_string(
+            self.relay
+                .message(token, origin.as_deref(), text, ticket, now as u64),
+        )
     }
 
     /// Reports what became of a `send` event the host carried. Returns the events JSON.

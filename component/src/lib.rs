@@ -17,7 +17,10 @@ mod guest {
     use bindings::relay::core::types as t;
     use relay_core::engine::{self, Caller, Config, Engine, Entropy, OpenError};
     use relay_core::engine::{Storage, StorageError};
-    use relay_core::transport::{self, http, socket, Event, Fetch, Listener, Relay, Request, Step};
+    use relay_core::transport::{
+        self, http, socket, Event, Fetch, Listener, Need, Parked, Relay, Request, Resumed,
+        Resumption, Step,
+    };
     use relay_core::wire::crypto::Crypto;
     use relay_core::wire::identity::RelayId;
     use relay_core::wire::signature::SignatureError;
@@ -214,6 +217,58 @@ mod guest {
         }
     }
 
+    fn parked(p: Parked) -> t::Parked {
+        t::Parked {
+            start: p.start.map(|n| match n {
+                Need::Key {
+                    relay,
+                    url,
+                    timeout_ms,
+                } => t::Need::Key(t::KeyFetch {
+                    relay,
+                    url,
+                    timeout_ms,
+                }),
+                Need::Route(w) => t::Need::Route(route_wanted(w)),
+            }),
+        }
+    }
+
+    fn step(s: Step) -> t::Step {
+        match s {
+            Step::Respond(r) => t::Step::Respond(response(r)),
+            Step::Parked(p) => t::Step::Parked(parked(p)),
+            Step::Upgrade(u) => t::Step::Upgrade(t::Upgrade {
+                token: u.token,
+                account: u.account,
+                device_id: u.device_id,
+                expires_at: u.expires_at,
+            }),
+            Step::Backup { path } => t::Step::Backup(path),
+        }
+    }
+
+    fn ws_answer(a: transport::Answer) -> t::WsAnswer {
+        t::WsAnswer {
+            text: a.text,
+            close: a.close.map(|(code, reason)| (code, reason.to_string())),
+            events: events(a.effects),
+            parked: a.parked.map(parked),
+        }
+    }
+
+    fn resumed(r: Vec<Resumed>) -> Vec<t::Resumed> {
+        r.into_iter()
+            .map(|r| t::Resumed {
+                ticket: r.ticket,
+                resumption: match r.resumption {
+                    Resumption::Step(s) => t::Resumption::Http(step(s)),
+                    Resumption::Frame(a) => t::Resumption::Frame(ws_answer(a)),
+                },
+            })
+            .collect()
+    }
+
     fn route_wanted(w: transport::RouteWanted) -> t::RouteWanted {
         t::RouteWanted {
             account: w.account,
@@ -310,35 +365,15 @@ mod guest {
             host::log(host::Level::Info, "relay core component initialized");
             Ok(())
         }
-        fn handle(request: t::HttpRequest, round: u32, now: u64) -> t::Step {
+        fn handle(request: t::HttpRequest, ticket: u32, now: u64) -> t::Step {
             let req = request_of(request);
-            let step = with(
-                |relay| relay.handle_again(&req, round, now),
+            step(with(
+                |relay| relay.handle(&req, ticket, now),
                 || Step::Respond(http::Response::fail(ErrorCode::Internal, NOT_READY)),
-            );
-            match step {
-                Step::Respond(r) => t::Step::Respond(response(r)),
-                Step::FetchKey {
-                    relay,
-                    url,
-                    timeout_ms,
-                } => t::Step::FetchKey(t::KeyFetch {
-                    relay,
-                    url,
-                    timeout_ms,
-                }),
-                Step::FetchRoute(w) => t::Step::FetchRoute(route_wanted(w)),
-                Step::Upgrade(u) => t::Step::Upgrade(t::Upgrade {
-                    token: u.token,
-                    account: u.account,
-                    device_id: u.device_id,
-                    expires_at: u.expires_at,
-                }),
-                Step::Backup { path } => t::Step::Backup(path),
-            }
+            ))
         }
-        fn route_fetched(account: String, f: t::Fetch) {
-            with(|r| r.route_fetched(&account, fetch(f)), || ())
+        fn route_fetched(account: String, f: t::Fetch, now: u64) -> Vec<t::Resumed> {
+            resumed(with(|r| r.route_fetched(&account, fetch(f), now), Vec::new))
         }
         fn shard_of(request: t::HttpRequest, count: u32) -> u32 {
             transport::placement::shard_of(&request_of(request), count)
@@ -347,11 +382,11 @@ mod guest {
             token: String,
             origin: Option<String>,
             text: String,
-            round: u32,
+            ticket: u32,
             now: u64,
         ) -> t::WsAnswer {
-            let a = with(
-                |relay| relay.message(&token, origin.as_deref(), &text, round, now),
+            ws_answer(with(
+                |relay| relay.message(&token, origin.as_deref(), &text, ticket, now),
                 || transport::Answer {
                     text: socket::answer_frame(
                         socket::frame_id(&text),
@@ -360,18 +395,12 @@ mod guest {
                     ),
                     close: None,
                     effects: Vec::new(),
-                    route: None,
+                    parked: None,
                 },
-            );
-            t::WsAnswer {
-                text: a.text,
-                close: a.close.map(|(code, reason)| (code, reason.to_string())),
-                events: events(a.effects),
-                route: a.route.map(route_wanted),
-            }
+            ))
         }
-        fn key_fetched(relay: String, f: t::Fetch, now: u64) {
-            with(|r| r.key_fetched(&relay, fetch(f), now), || ())
+        fn key_fetched(relay: String, f: t::Fetch, now: u64) -> Vec<t::Resumed> {
+            resumed(with(|r| r.key_fetched(&relay, fetch(f), now), Vec::new))
         }
         fn sibling(url: String, body: Vec<u8>, now: u64) -> t::HttpResponse {
             response(with(

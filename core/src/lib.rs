@@ -14,7 +14,7 @@
 //! ```
 //! use relay_core::engine::{Config, Engine, MemoryStore};
 //! use relay_core::transport::alarm::Alarm;
-//! use relay_core::transport::{Event, Fetch, Listener, Relay, Request, Step};
+//! use relay_core::transport::{Event, Fetch, Listener, Need, Relay, Request, Resumption, Step};
 //! use relay_core::wire::identity::RelayId;
 //!
 //! let mut config = Config::new(RelayId::parse("http://relay.example").unwrap(), "dev");
@@ -51,21 +51,28 @@
 //!     body: br#"{"account":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#.to_vec(),
 //!     origin: Some("192.0.2.7".into()),
 //! };
-//! // Each submission names its round: after transport::ROUNDS steps the core answers busy.
-//! let mut round = 0;
-//! let answer = loop {
-//!     match relay.handle_again(&request, round, now) {
-//!         Step::Respond(r) => break r,
-//!         // A relay request from a relay whose key is not known yet: GET the URL,
-//!         // report what came back, and submit the request again.
-//!         Step::FetchKey { relay: peer, .. } => relay.key_fetched(&peer, Fetch::NotSent, now),
-//!         // A sharded relay only: ask shard `w.shard` for the route (`w.request()`), report,
-//!         // submit again.
-//!         Step::FetchRoute(w) => relay.route_fetched(&w.account, Fetch::NotSent),
-//!         Step::Upgrade(_) => unreachable!("only GET /v1/ws upgrades"),
-//!         Step::Backup { .. } => unreachable!("only the operator asks for backups"),
+//! // The host names each request with a ticket of its own; a request that must wait for a
+//! // fetch is parked in the core under it, and the fetch's report hands its answer back.
+//! let ticket = 1;
+//! let answer = match relay.handle(&request, ticket, now) {
+//!     Step::Respond(r) => r,
+//!     // A relay request from a relay whose key is not known yet, or (a sharded relay) a call
+//!     // that needs a sibling shard's route: start the fetch if the core names one (GET
+//!     // the key document; ask shard `w.shard` with `w.request()`), report what came back,
+//!     // and the report answers this ticket (and any other waiting for the same fetch).
+//!     Step::Parked(p) => {
+//!         let resumed = match p.start {
+//!             Some(Need::Key { relay: peer, .. }) => relay.key_fetched(&peer, Fetch::NotSent, now),
+//!             Some(Need::Route(w)) => relay.route_fetched(&w.account, Fetch::NotSent, now),
+//!             None => unreachable!("no fetch is under way yet"),
+//!         };
+//!         match resumed.into_iter().find(|r| r.ticket == ticket).map(|r| r.resumption) {
+//!             Some(Resumption::Step(Step::Respond(r))) => r,
+//!             _ => unreachable!("a relay request waits once"),
+//!         }
 //!     }
-//!     round += 1;
+//!     Step::Upgrade(_) => unreachable!("only GET /v1/ws upgrades"),
+//!     Step::Backup { .. } => unreachable!("only the operator asks for backups"),
 //! };
 //! assert_eq!(answer.status, 404); // no route is held for that account
 //!

@@ -10,6 +10,7 @@ import { hostCrypto } from './native.js';
 import { Log, messageOf } from './log.js';
 import { stepOf, frameOf, isTrap } from './kit/step.js';
 import { CommitGroup } from './kit/group.js';
+import { resumedOf } from './kit/requests.js';
 import { tuning } from './tuning.js';
 
 export { stepOf };
@@ -83,6 +84,8 @@ export const notReady = (s) => core().notReady(Boolean(s.stopping), Boolean(s.co
 export const stoppingClose = () => core().stoppingClose();
 /** The answer frame to a WebSocket message when the work waiting for the core is full. @param {string} text */
 export const busyFrame = (text) => core().busyFrame(text);
+/** The answer frame to a WebSocket message lost before it committed: nothing was accepted. @param {string} text @returns {string} */
+export const uncommittedFrame = (text) => core().uncommittedFrame(text);
 /** `max_request_bytes` under `policies` (the default when not given). @param {Record<string, number>} [policies] */
 export const maxRequestBytes = (policies) => core().maxRequestBytes(JSON.stringify(policies ?? {}));
 /** The request headers the core reads (lowercase): a host passes only these. @type {() => string[]} */
@@ -283,26 +286,41 @@ export class Core {
    * A request read whole, in a commit group. `req.headers` is `name\nvalue\n` for each of
    * `requestHeaders()` present.
    * @param {{admin: boolean, method: string, path: string, query: string, headers: string, body: Uint8Array, origin: string | null}} req
-   * @param {number} round the steps carried out for it so far (the core bounds them)
+   * @param {number} ticket the host's name for it while it may be parked in the core
    * @param {number} now
    * @returns {Promise<Step>}
    */
-  handle(req, round, now) {
-    return this.grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, round, now));
-  }
-  /** Reports the GET of a `fetch` step. @param {string} relay @param {import('./kit/outcome.js').Outcome} outcome @param {number} now */
-  keyFetched(relay, outcome, now) {
-    this.guard((c) => c.keyFetched(relay, outcome, now), null);
+  handle(req, ticket, now) {
+    return this.grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, ticket, now));
   }
   /**
-   * A WebSocket text message: the answer frame, and the close to follow it and effects, if any.
-   * @returns {{text: string, close?: [number, string], effects?: object[]}}
+   * Reports the GET of a key document a parked step named, in a commit group: what it
+   * resumed, released after the group commits (`lost` when the commit failed).
+   * @param {string} relay @param {import('./kit/outcome.js').Outcome} outcome @param {number} now
+   * @returns {Promise<import('./kit/requests.js').Report>}
    */
-  message(token, origin, text, now) {
-    // A Node relay has one shard: a frame never waits for a route, so it is always round 0.
-    const s = this.guard((c) => c.message(token, origin, text, 0, now), null);
-    if (s === null) return { text: core().uncommittedFrame(text) };
-    return frameOf(s);
+  async keyFetched(relay, outcome, now) {
+    /** @type {import('./kit/requests.js').RawResumed[]} */
+    let raw = [];
+    const run = (/** @type {any} */ c) => (raw = c.keyFetched(relay, outcome, now));
+    if (!this.storage.durable || this.group.cap === 0) {
+      this.guard(run, null);
+      return { resumed: raw.map(resumedOf), lost: false };
+    }
+    this.group.enter();
+    // A trap: the fresh instance has no parked requests, and the relay answers them all.
+    if (this.#run(run, null) === null || !this.group.open) return { resumed: [], lost: false };
+    const held = await this.group.hold(raw);
+    return { resumed: raw.map(resumedOf), lost: held === null };
+  }
+  /**
+   * A WebSocket text message: the answer frame, and the close to follow it and effects, if
+   * any (or that it is parked under `ticket`); null when the core trapped.
+   * @returns {import('./kit/step.js').Frame | null}
+   */
+  message(token, origin, text, ticket, now) {
+    const s = this.guard((c) => c.message(token, origin, text, ticket, now), null);
+    return s === null ? null : frameOf(s);
   }
   /** Calls a method in process (no commit group). @returns {Answer} */
   call(kind, value, origin, method, params, now) {

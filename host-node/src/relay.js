@@ -8,13 +8,13 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, backupAnswer, maxAnswer, notReady, maxRequestBytes, newAlarm, newHostMetrics, uncommitted } from './core.js';
+import { Core, backupAnswer, maxAnswer, notReady, maxRequestBytes, newAlarm, newHostMetrics, uncommitted, uncommittedFrame } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
 import { LIMITS } from './limits.js';
 import { secret } from './secrets.js';
-import { KeyFetches, answer, runEvents } from './kit/requests.js';
+import { Parking, answer, runEvents } from './kit/requests.js';
 import { failure, answered, notSent, unknown } from './kit/outcome.js';
 
 export { secret };
@@ -111,15 +111,17 @@ export class Relay extends EventEmitter {
     };
     /** Connections go only to checked addresses, unless on `dev` or private peers are allowed. */
     this.lookup = vettedAddresses(this.network, this.outbound.allowPrivatePeers) ? vettedLookup : undefined;
-    /** Key fetches (the kit's): requests waiting for the same relay's key share one GET. */
-    this.keys = new KeyFetches(
-      ({ url, timeout_ms: timeout }) => this.exchange('GET', url, {}, undefined, timeout),
-      (relay, o) => {
+    /** Requests parked in the core (the kit's): the fetches it names, and their answers by ticket. */
+    this.parking = new Parking({
+      getKey: async ({ relay, url, timeout_ms: timeout }) => {
+        const o = await this.exchange('GET', url, {}, undefined, timeout);
         const why = failure(o);
         if (why) this.log.debug(`key fetch from ${relay} failed: ${why}`);
-        this.core.keyFetched(relay, o, Date.now());
+        return o;
       },
-    );
+      keyFetched: (relay, o) => this.core.keyFetched(relay, o, Date.now()),
+      run: (events) => this.#run(events),
+    });
     /** What the core's events do here (the kit runs them). */
     this.handlers = {
       send: (e) => this.#attempt(e),
@@ -136,7 +138,11 @@ export class Relay extends EventEmitter {
       operator_action: (e) => this.log.info('operator action', { event: 'operator_action', who: 'admin listener', action: e.action, subject: e.subject, touched: e.touched }),
     };
     // After a trap, whatever call it was, the fresh instance is ticked (which arms its timer).
-    core.onRecover = () => this.#schedule(Date.now());
+    // Its parked requests went with the trapped instance: each is answered as uncommitted.
+    core.onRecover = () => {
+      this.parking.dropAll();
+      this.#schedule(Date.now());
+    };
     core.onCommitFailed = () => this.#failed();
     // The first tick (which arms the timer) on the next turn: whoever serves this relay
     // listens by then, so a peer fetching its key to authenticate a retry finds it. On a
@@ -183,18 +189,18 @@ export class Relay extends EventEmitter {
   /**
    * A request read whole (`/v1/...`, `/relay/v1/...`, `/admin/v1/...`, `/.well-known/relay`,
    * a WebSocket upgrade), answered by the core: the answer to write, or the session a
-   * WebSocket upgrade belongs to. A relay request whose source key is not known yet waits
-   * for its fetch (one GET per relay in flight), then goes in again; a backup is written here.
+   * WebSocket upgrade belongs to. A relay request whose source key is not known yet is parked
+   * in the core until the fetch it names is reported; a backup is written here.
    * @param {Request} req
    * @returns {Promise<Answer | {upgrade: {token: string, account: string, device_id: string, expires_at: number, expiry_close: {code: number, reason: string}}}>}
    */
   async handle(req) {
     const s = await answer(
-      (round) => {
+      (ticket) => {
         this.coreCalls += 1;
-        return this.core.handle(req, round, Date.now());
+        return this.core.handle(req, ticket, Date.now());
       },
-      { keys: this.keys, backup: (file) => this.#backup(file), run: (events) => this.#run(events), uncommitted },
+      { parking: this.parking, backup: (file) => this.#backup(file), run: (events) => this.#run(events), uncommitted },
     );
     if ('upgrade' in s) return s;
     return { status: s.status, headers: s.headers, body: s.body };
@@ -203,9 +209,17 @@ export class Relay extends EventEmitter {
   /** A WebSocket text message of session `token`: the answer frame, and the close to follow it, if any. */
   message(token, text, origin = null) {
     this.coreCalls += 1;
-    const a = this.core.message(token, origin, text, Date.now());
-    if (a.effects) this.#run(a.effects);
-    return { text: a.text, close: a.close ?? null };
+    const ticket = this.parking.open();
+    try {
+      const a = this.core.message(token, origin, text, ticket, Date.now());
+      // Only a sibling shard's route parks a frame, and a Node relay is one shard: should one
+      // be parked, nothing was accepted (its answer, when it comes, finds no ticket).
+      if (a === null || a.parked) return { text: uncommittedFrame(text), close: null };
+      if (a.effects) this.#run(a.effects);
+      return { text: a.text, close: a.close ?? null };
+    } finally {
+      this.parking.close(ticket);
+    }
   }
 
   /** `POST /admin/v1/backup`: the core checked the operator and the path; the copy is made here. */

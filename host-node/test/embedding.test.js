@@ -8,6 +8,7 @@ import vm from 'node:vm';
 import { createRelay, MemoryStorage, SqliteStorage } from '../src/index.js';
 import { Identity, RelayCore } from '../pkg/relay_wasm.js';
 import { NET, register, message, texts, as, eventually } from './helpers.js';
+import { answered } from '../src/kit/outcome.js';
 
 async function localDelivery(storage, opts = {}) {
   const relay = await createRelay({ relay: 'http://127.0.0.1:1', storage, ...opts });
@@ -119,28 +120,48 @@ test('a trap inside wasm answers internal and the relay goes on with a fresh ins
   await relay.close();
 });
 
-test('a request goes in again after each step with its round, and the core answers the last round busy (transport::ROUNDS)', async () => {
+test('relay requests from a relay whose key is unknown are parked in the core: one fetch, then each its own answer; a trap answers the parked uncommitted', async () => {
   const relay = await createRelay({ relay: 'http://127.0.0.1:1' });
-  // A relay request signed by a relay whose key this one has not fetched.
+  // Relay requests signed by a relay whose key this one has not fetched.
   const peer = await createRelay({ relay: 'http://127.0.0.1:9' });
-  const body = '{"account":"x"}';
-  const h = JSON.parse(peer.core.inner.signRequest('route.get', 'http://127.0.0.1:1', body, Date.now()));
-  const headers = `relay-id\n${h.relay_id}\nrelay-timestamp\n${h.timestamp}\nrelay-nonce\n${h.nonce}\nrelay-signature\n${h.signature}\n`;
-  // A core that asks for another relay's key three times (as one that forgets, after traps,
-  // would), then the real one, on its last round: out of rounds before it has the key.
-  const step = new TextEncoder().encode('{"fetch":{"relay":"http://127.0.0.1:8","timeout_ms":200,"url":"http://127.0.0.1:8/.well-known/relay"}}\n');
-  const real = relay.core.inner.handle.bind(relay.core.inner);
-  const rounds = [];
-  relay.core.inner.handle = (...args) => {
-    rounds.push(args[7]);
-    return rounds.length <= 3 ? step : real(...args);
+  const body = `{"account":"${'A'.repeat(43)}"}`;
+  const request = () => {
+    const h = JSON.parse(peer.core.inner.signRequest('route.get', 'http://127.0.0.1:1', body, Date.now()));
+    const headers = `relay-id\n${h.relay_id}\nrelay-timestamp\n${h.timestamp}\nrelay-nonce\n${h.nonce}\nrelay-signature\n${h.signature}\n`;
+    return relay.handle({ admin: false, method: 'POST', path: '/relay/v1/route.get', query: '', headers, body: new TextEncoder().encode(body), origin: null });
   };
-  const r = await relay.handle({ admin: false, method: 'POST', path: '/relay/v1/route.get', query: '', headers, body: new TextEncoder().encode(body), origin: null });
-  assert.deepEqual(rounds, [0, 1, 2, 3], 'each submission names its round');
-  const busy = RelayCore.busy();
-  assert.deepEqual([r.status, r.headers, Buffer.from(r.body).toString()], [503, { 'content-type': 'application/json', 'retry-after': '1' }, Buffer.from(busy.subarray(busy.indexOf(10) + 1)).toString()]);
+  // The peer's key document, served by a GET the test holds until all three requests wait.
+  const gets = [];
+  let release;
+  const held = new Promise((ok) => (release = ok));
+  relay.parking.host.getKey = async (k) => {
+    gets.push(k.url);
+    await held;
+    return answered(200, new TextEncoder().encode(peer.core.wellKnown()));
+  };
+  const answers = [request(), request(), request()];
+  await eventually(() => relay.core.inner.parked() === 3);
+  assert.deepEqual(gets, ['http://127.0.0.1:9/.well-known/relay'], 'one fetch for every request waiting for that key');
+  release();
+  const seen = (await Promise.all(answers)).map((r) => [r.status, JSON.parse(Buffer.from(r.body).toString()).error?.code]);
+  // Authenticated: route.get answers (no route here), not 401.
+  assert.deepEqual(seen, [[404, 'not_found'], [404, 'not_found'], [404, 'not_found']]);
+  assert.equal(relay.core.inner.parked(), 0);
+  // A request parked when the core traps is answered as uncommitted (nothing was accepted).
+  const other = await createRelay({ relay: 'http://127.0.0.1:8' });
+  relay.parking.host.getKey = () => new Promise(() => {});
+  const h = JSON.parse(other.core.inner.signRequest('route.get', 'http://127.0.0.1:1', body, Date.now()));
+  const headers = `relay-id\n${h.relay_id}\nrelay-timestamp\n${h.timestamp}\nrelay-nonce\n${h.nonce}\nrelay-signature\n${h.signature}\n`;
+  const waiting = relay.handle({ admin: false, method: 'POST', path: '/relay/v1/route.get', query: '', headers, body: new TextEncoder().encode(body), origin: null });
+  await eventually(() => relay.core.inner.parked() === 1);
+  trapNext(relay, 'tick');
+  relay.core.tick(Date.now());
+  const lost = await waiting;
+  assert.equal(lost.status, 500);
+  assert.equal(JSON.parse(Buffer.from(lost.body).toString()).error.code, 'internal');
   await relay.close();
   await peer.close();
+  await other.close();
 });
 
 /** Makes the relay's current core instance trap on its next call of `method`, as a Rust panic would. */

@@ -16,9 +16,17 @@ mod wit {
 
 pub use relay::core::types::{
     Caller, Close, DeliveryEnd, Error, ErrorCode, Event, Fetch, HttpRequest, HttpResponse,
-    KeyFetch, Listener, Notify, PeerRequest, Reply, RouteWanted, Step, TickReport, Upgrade,
-    WsAnswer,
+    KeyFetch, Listener, Need, Notify, Parked, PeerRequest, Reply, Resumption, RouteWanted, Step,
+    TickReport, Upgrade, WsAnswer,
 };
+
+/// Where a parked request's resumptions go: its socket's task waits on the other end.
+pub type Waiter = tokio::sync::mpsc::UnboundedSender<Resumption>;
+/// What a request parked in the core waits on: its resumptions, the last one final (a
+/// closed channel: the core restarted or its commit failed, so nothing was accepted).
+pub type Waiting = tokio::sync::mpsc::UnboundedReceiver<Resumption>;
+/// A resumption to hand to its waiter once the call that made it is durable.
+pub type Delivery = (Waiter, Resumption);
 use wit::exports::relay::core::relay::Guest;
 use wit::relay;
 use wit::relay::core::host;
@@ -201,6 +209,10 @@ pub struct Core {
     pre: Option<Arc<Preverify>>,
     /// Faults on request (tests).
     faults: Option<Arc<crate::store::Faults>>,
+    /// The requests parked in the guest, by the ticket this host gave each.
+    waiting: std::collections::HashMap<u32, Waiter>,
+    /// The next ticket.
+    next_ticket: u32,
 }
 
 /// The wasmtime engine the relay runs: epochs bound every call (`EPOCHS_PER_CALL`).
@@ -325,6 +337,8 @@ impl Core {
             orphaned: None,
             traps: 0,
             restarts: 0,
+            waiting: std::collections::HashMap::new(),
+            next_ticket: 0,
             metered,
             fuel_spent: 0,
             pre: None,
@@ -369,6 +383,9 @@ impl Core {
         let Some(old) = self.live.take() else {
             return;
         };
+        // The requests parked in the trapped instance are gone with it: their channels close,
+        // and each is answered as uncommitted (nothing was accepted).
+        self.waiting.clear();
         // The trapped instance (and its memory) goes first; its uncommitted writes died with
         // it, and the storage, with the open group's earlier writes, is intact.
         let store = old.store.into_data().store;
@@ -477,35 +494,61 @@ impl Core {
         r
     }
 
-    /// One HTTP request, to the core, after `round` steps carried out for it: `sending` is
-    /// the session token when the host saw it is a message.send. After a trap, the
+    /// A ticket no parked request holds.
+    fn ticket(&mut self) -> u32 {
+        loop {
+            self.next_ticket = self.next_ticket.wrapping_add(1);
+            if !self.waiting.contains_key(&self.next_ticket) {
+                return self.next_ticket;
+            }
+        }
+    }
+
+    /// Keeps `ticket`'s waiter if the core parked it, and hands back the other end.
+    fn parked(&mut self, ticket: u32, parked: bool) -> Option<Waiting> {
+        if !parked {
+            return None;
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.waiting.insert(ticket, tx);
+        Some(rx)
+    }
+
+    /// One HTTP request, to the core: `sending` is the session token when the host saw it
+    /// is a message.send. A parked request comes with what to wait on. After a trap, the
     /// `internal` answer: nothing was accepted.
     pub fn handle(
         &mut self,
         req: &HttpRequest,
-        round: u32,
         sending: Option<&str>,
         now: u64,
-    ) -> Step {
-        self.hinted(sending, |i, s| i.call_handle(s, req, round, now))
-            .unwrap_or_else(|| Step::Respond(uncommitted_response()))
+    ) -> (Step, Option<Waiting>) {
+        let ticket = self.ticket();
+        let step = self
+            .hinted(sending, |i, s| i.call_handle(s, req, ticket, now))
+            .unwrap_or_else(|| Step::Respond(uncommitted_response()));
+        let wait = self.parked(ticket, matches!(step, Step::Parked(_)));
+        (step, wait)
     }
 
-    /// One WebSocket text message of `token`'s socket, after `round` steps carried out for
-    /// it (`sending`: the host saw a message.send).
+    /// One WebSocket text message of `token`'s socket (`sending`: the host saw a
+    /// message.send); a parked frame comes with what to wait on.
     pub fn message(
         &mut self,
         token: &str,
         origin: Option<&str>,
         text: &str,
-        round: u32,
         sending: bool,
         now: u64,
-    ) -> WsAnswer {
-        self.hinted(sending.then_some(token), |i, s| {
-            i.call_message(s, token, origin, text, round, now)
-        })
-        .unwrap_or_else(|| uncommitted_answer(text))
+    ) -> (WsAnswer, Option<Waiting>) {
+        let ticket = self.ticket();
+        let answer = self
+            .hinted(sending.then_some(token), |i, s| {
+                i.call_message(s, token, origin, text, ticket, now)
+            })
+            .unwrap_or_else(|| uncommitted_answer(text));
+        let wait = self.parked(ticket, answer.parked.is_some());
+        (answer, wait)
     }
 
     /// A send event of a sibling shard that names this core (its url and body), run as the
@@ -515,16 +558,38 @@ impl Core {
             .unwrap_or_else(uncommitted_response)
     }
 
-    /// Reports what became of a key fetch the core asked for (lost with a trap: the core
-    /// then asks again).
-    pub fn key_fetched(&mut self, relay: &str, fetch: &Fetch, now: u64) {
-        let _ = self.guarded(|i, s| i.call_key_fetched(s, relay, fetch, now));
+    /// Reports what became of a key fetch the core named: the parked requests it answers,
+    /// for the host to hand over once this call is durable.
+    pub fn key_fetched(&mut self, relay: &str, fetch: &Fetch, now: u64) -> Vec<Delivery> {
+        let resumed = self.guarded(|i, s| i.call_key_fetched(s, relay, fetch, now));
+        self.deliveries(resumed.unwrap_or_default())
     }
 
-    /// Reports what a sibling shard answered to the `route.get` a call waits for (lost with
-    /// a trap: the call then asks again).
-    pub fn route_fetched(&mut self, account: &str, fetch: &Fetch) {
-        let _ = self.guarded(|i, s| i.call_route_fetched(s, account, fetch));
+    /// Reports what a sibling shard answered to a route fetch the core named; as
+    /// [`Core::key_fetched`].
+    pub fn route_fetched(&mut self, account: &str, fetch: &Fetch, now: u64) -> Vec<Delivery> {
+        let resumed = self.guarded(|i, s| i.call_route_fetched(s, account, fetch, now));
+        self.deliveries(resumed.unwrap_or_default())
+    }
+
+    /// Each resumption with its waiter; one that is parked again keeps its waiter here too.
+    fn deliveries(&mut self, resumed: Vec<relay::core::types::Resumed>) -> Vec<Delivery> {
+        let mut out = Vec::with_capacity(resumed.len());
+        for r in resumed {
+            let again = match &r.resumption {
+                Resumption::Http(step) => matches!(step, Step::Parked(_)),
+                Resumption::Frame(a) => a.parked.is_some(),
+            };
+            let waiter = if again {
+                self.waiting.get(&r.ticket).cloned()
+            } else {
+                self.waiting.remove(&r.ticket)
+            };
+            if let Some(w) = waiter {
+                out.push((w, r.resumption));
+            }
+        }
+        out
     }
 
     /// Reports what became of a send; an error if the call trapped or the storage failed
@@ -640,7 +705,7 @@ pub fn text_answer(text: String) -> WsAnswer {
         text,
         close: None,
         events: Vec::new(),
-        route: None,
+        parked: None,
     }
 }
 

@@ -10,10 +10,11 @@
 //! addresses, and the IPv4-mapped, IPv4-compatible, NAT64 and 6to4 forms of them; such a
 //! peer is *not attempted*. `--allow-private-peers` lifts the address check.
 //!
-//! Key fetches for inbound relay requests are limited by the core's key book; the host only
-//! makes concurrent requests for one relay's key share one GET ([`KeyGets`]).
+//! Key fetches for inbound relay requests are the core's: it parks the requests that wait,
+//! names one fetch per relay however many wait, and bounds them with its key book; the
+//! host carries out the fetch it names ([`start`]) and hands over what the report resumes.
 
-use crate::guest::{Fetch, HttpRequest, KeyFetch, PeerRequest, Step};
+use crate::guest::{Delivery, Fetch, HttpRequest, Need, PeerRequest, Resumption, Step};
 use crate::{now_ms, refused_address, App};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -23,16 +24,14 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use relay_core::transport::Fetch as Seen;
 use relay_core::transport::{address, outbound};
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// Connecting (TCP, then TLS) may take at most this long before the attempt counts as not made.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -167,109 +166,86 @@ impl tower_service::Service<hyper::Uri> for Connector {
     }
 }
 
-/// Key fetches in flight, by relay: a [`Step::FetchKey`](relay_core::transport::Step) for a
-/// relay whose GET is already under way waits for it instead of starting another.
-#[derive(Default)]
-pub struct KeyGets {
-    inflight: Mutex<HashMap<String, watch::Receiver<bool>>>,
-    /// GETs started so far (tests).
-    started: AtomicU64,
+/// Starts the fetch the core named for requests parked in shard `shard`'s core, on a task of
+/// its own (a request that goes away meanwhile does not abandon it): a relay's key document
+/// (GET, no redirects, under the address rules) or an account's route from a sibling shard.
+/// Its report goes to that shard's core, and the resumptions it makes go to their waiters
+/// once the report's commit is durable.
+pub fn start(app: &Arc<App>, shard: u32, need: Need) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        let delivered = match need {
+            Need::Key(k) => {
+                let fetch = fetch_key(&app, k.url, k.timeout_ms, &k.relay).await;
+                let relay = k.relay;
+                app.core(shard)
+                    .run(move |c| c.key_fetched(&relay, &fetch, now_ms()))
+                    .await
+            }
+            Need::Route(w) => {
+                let wanted = relay_core::transport::RouteWanted {
+                    account: w.account,
+                    shard: w.shard,
+                };
+                let request = HttpRequest::from(wanted.request());
+                let fetch = internal(&app, wanted.shard, request).await;
+                let account = wanted.account;
+                app.core(shard)
+                    .run(move |c| c.route_fetched(&account, &fetch, now_ms()))
+                    .await
+            }
+        };
+        // A failed commit resumed nothing: the waiters' channels close with the deliveries.
+        deliver(&app, shard, delivered.unwrap_or_default());
+    });
 }
 
-/// Takes a fetch off the in-flight map however it ends, waking its waiters.
-struct InFlight {
-    app: Arc<App>,
-    /// The in-flight map's key: the shard that asked, and the relay.
-    key: String,
-    relay: String,
-    shard: u32,
-    done: watch::Sender<bool>,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.app
-            .peers
-            .keys
-            .inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
-        let _ = self.done.send(true);
+/// Runs each resumption's events here (its request may have gone away; what the core
+/// accepted still has its effects) and hands the answer to the request waiting for it.
+fn deliver(app: &Arc<App>, shard: u32, deliveries: Vec<Delivery>) {
+    for (waiter, mut resumption) in deliveries {
+        let events = match &mut resumption {
+            Resumption::Http(Step::Respond(r)) => std::mem::take(&mut r.events),
+            Resumption::Frame(a) => std::mem::take(&mut a.events),
+            Resumption::Http(_) => Vec::new(),
+        };
+        app.dispatch(shard, events);
+        let _ = waiter.send(resumption);
     }
 }
 
-/// Carries out the core's `FetchKey` step: GETs `url` (no redirects, under the address
-/// rules), reports what came with `key_fetched`, and returns once that report is in; if a GET
-/// for `relay` is already in flight, waits for it instead. The GET runs on its own task, so
-/// a request that goes away meanwhile does not abandon it.
-///
-/// Each shard's core keeps its own key book, so the report goes to the shard that asked.
-pub async fn fetch_key(app: &Arc<App>, shard: u32, k: KeyFetch) {
-    let (relay, url, within) = (k.relay, k.url, Duration::from_millis(k.timeout_ms));
-    let key = format!("{shard} {relay}");
-    let mut done = {
-        let mut m = app
-            .peers
-            .keys
-            .inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match m.get(&key) {
-            Some(rx) => rx.clone(),
-            None => {
-                let (tx, rx) = watch::channel(false);
-                m.insert(key.clone(), rx.clone());
-                app.peers.keys.started.fetch_add(1, Ordering::Relaxed);
-                let guard = InFlight {
-                    app: app.clone(),
-                    key,
-                    relay,
-                    shard,
-                    done: tx,
-                };
-                tokio::spawn(async move {
-                    let fetch = match guard
-                        .app
-                        .peers
-                        .exchange_within(hyper::Method::GET, &url, &[], Vec::new(), within)
-                        .await
-                    {
-                        Exchange::Answered(s, body) => {
-                            if s != 200 {
-                                tracing::debug!(peer = %guard.relay, "key fetch: status {s}");
-                            }
-                            Fetch::Answered((s, body))
-                        }
-                        Exchange::NotSent(why) => {
-                            tracing::debug!(peer = %guard.relay, "key fetch not sent: {why}");
-                            Fetch::NotSent
-                        }
-                        Exchange::Unknown(why) => {
-                            tracing::debug!(peer = %guard.relay, "key fetch failed: {why}");
-                            Fetch::Unknown
-                        }
-                    };
-                    let relay = guard.relay.clone();
-                    guard
-                        .app
-                        .core(guard.shard)
-                        .run(move |c| c.key_fetched(&relay, &fetch, now_ms()))
-                        .await;
-                    drop(guard);
-                });
-                rx
+/// GETs a relay's key document within the time the core gave.
+async fn fetch_key(app: &App, url: String, timeout_ms: u64, relay: &str) -> Fetch {
+    app.peers.key_gets.fetch_add(1, Ordering::Relaxed);
+    let within = Duration::from_millis(timeout_ms);
+    match app
+        .peers
+        .exchange_within(hyper::Method::GET, &url, &[], Vec::new(), within)
+        .await
+    {
+        Exchange::Answered(s, body) => {
+            if s != 200 {
+                tracing::debug!(peer = %relay, "key fetch: status {s}");
             }
+            Fetch::Answered((s, body))
         }
-    };
-    let _ = done.wait_for(|d| *d).await;
+        Exchange::NotSent(why) => {
+            tracing::debug!(peer = %relay, "key fetch not sent: {why}");
+            Fetch::NotSent
+        }
+        Exchange::Unknown(why) => {
+            tracing::debug!(peer = %relay, "key fetch failed: {why}");
+            Fetch::Unknown
+        }
+    }
 }
 
 /// The HTTP client, the rules it connects by, and the limits on key fetches.
 pub struct Peers {
     client: Client<Connector, Full<Bytes>>,
     rules: Rules,
-    keys: KeyGets,
+    /// Key documents GET so far (tests).
+    key_gets: AtomicU64,
     response_timeout: Duration,
 }
 
@@ -314,14 +290,14 @@ impl Peers {
         Peers {
             client: Client::builder(TokioExecutor::new()).build(connector),
             rules,
-            keys: KeyGets::default(),
+            key_gets: AtomicU64::new(0),
             response_timeout,
         }
     }
 
     /// Key fetches (GETs) started so far.
     pub fn key_fetches(&self) -> u64 {
-        self.keys.started.load(Ordering::Relaxed)
+        self.key_gets.load(Ordering::Relaxed)
     }
 
     /// Why `url` must not be reached under the rules, before any connection (the core's
@@ -421,7 +397,7 @@ pub async fn internal(app: &Arc<App>, shard: u32, request: HttpRequest) -> Fetch
     let r = request.clone();
     let step = app
         .core(shard)
-        .run(move |c| c.handle(&r, 0, None, now_ms()))
+        .run(move |c| c.handle(&r, None, now_ms()).0)
         .await;
     match step {
         Some(Step::Respond(mut r)) => {

@@ -4,7 +4,7 @@
 //! too), `/metrics` and health checks. The host keeps the sockets, the WebSocket protocol,
 //! the busy admission and the backup's file work.
 
-use crate::guest::{HttpRequest, HttpResponse, Listener, RouteWanted, Step, Upgrade};
+use crate::guest::{HttpRequest, HttpResponse, Listener, Resumption, Step, Upgrade};
 use crate::hub::Outgoing;
 use crate::net::PeerAddr;
 use crate::{now_ms, App};
@@ -251,27 +251,40 @@ async fn serve(
     let shard = app.shard_of(&request);
     let request = HttpRequest::from(request);
     let request = Arc::new(request);
-    // The core bounds the rounds: after transport::ROUNDS steps it answers busy itself.
-    let mut round = 0;
+    let r = request.clone();
+    app.core_calls.fetch_add(1, Ordering::Relaxed);
+    let handled = app
+        .core(shard)
+        .run_holding(slot.clone(), move |c| {
+            c.handle(&r, sending.as_deref(), now_ms())
+        })
+        .await;
+    let Some((mut step, mut waiting)) = handled else {
+        return native_response(transport::Response::uncommitted());
+    };
     loop {
-        let (r, s) = (request.clone(), sending.clone());
-        app.core_calls.fetch_add(1, Ordering::Relaxed);
-        let step = app
-            .core(shard)
-            .run_holding(slot.clone(), move |c| {
-                c.handle(&r, round, s.as_deref(), now_ms())
-            })
-            .await;
-        let Some(step) = step else {
-            return native_response(transport::Response::uncommitted());
-        };
         match step {
             Step::Respond(mut r) => {
                 let events = std::mem::take(&mut r.events);
                 app.dispatch(shard, events);
                 return core_response(r);
             }
-            Step::FetchKey(k) => crate::outbound::fetch_key(&app, shard, k).await,
+            // The request waits in the core: start the fetch it names, if any, and wait for
+            // its resumption (the core bounds how often and how long it waits).
+            Step::Parked(p) => {
+                if let Some(need) = p.start {
+                    crate::outbound::start(&app, shard, need);
+                }
+                match waiting.as_mut() {
+                    Some(w) => match w.recv().await {
+                        Some(Resumption::Http(next)) => step = next,
+                        // The core restarted or the report's commit failed: nothing was accepted.
+                        _ => return native_response(transport::Response::uncommitted()),
+                    },
+                    None => return native_response(transport::Response::uncommitted()),
+                }
+                continue;
+            }
             Step::Upgrade(u) => {
                 let Some(up) = upgrade else {
                     return native_response(transport::Response::uncommitted());
@@ -299,25 +312,8 @@ async fn serve(
                     .into_response();
             }
             Step::Backup(path) => return backup(&app, shard, path).await,
-            Step::FetchRoute(w) => sibling_route(&app, shard, w).await,
         }
-        round += 1;
     }
-}
-
-/// Asks sibling shard `w.shard` for `w.account`'s route (the core's request, handed to its
-/// core) and reports the answer to shard `shard`, whose call waits for it.
-async fn sibling_route(app: &Arc<App>, shard: u32, w: RouteWanted) {
-    let wanted = transport::RouteWanted {
-        account: w.account,
-        shard: w.shard,
-    };
-    let request = HttpRequest::from(wanted.request());
-    let fetch = crate::outbound::internal(app, wanted.shard, request).await;
-    let account = wanted.account;
-    app.core(shard)
-        .run(move |c| c.route_fetched(&account, &fetch))
-        .await;
 }
 
 /// `POST /admin/v1/backup {"path": FILE}` as the core accepted it: a consistent copy of the
@@ -477,24 +473,28 @@ async fn serve_socket(
         };
         // A message.send's envelope may be verified here, ahead of the core's thread.
         let sending = app.ahead.frame(&info.token, &text);
-        let mut round = 0;
-        let answer = loop {
-            let (token, o, t) = (info.token.clone(), origin.clone(), text.clone());
-            let answer = app
-                .core(shard)
-                .run_holding(Some(slot.clone()), move |c| {
-                    c.message(&token, o.as_deref(), &t, round, sending, now_ms())
-                })
-                .await
-                .unwrap_or_else(|| crate::guest::uncommitted_answer(&text));
-            // The frame waits for a sibling shard's route: ask it, then pass it again (the
-            // core answers busy itself after transport::ROUNDS rounds).
-            match answer.route {
-                Some(w) => sibling_route(&app, shard, w).await,
-                None => break answer,
+        let (token, o, t) = (info.token.clone(), origin.clone(), text.clone());
+        let (mut answer, mut waiting) = app
+            .core(shard)
+            .run_holding(Some(slot.clone()), move |c| {
+                c.message(&token, o.as_deref(), &t, sending, now_ms())
+            })
+            .await
+            .unwrap_or_else(|| (crate::guest::uncommitted_answer(&text), None));
+        // The frame waits in the core (for a sibling shard's route): start the fetch it
+        // names, if any, and wait for its answer.
+        while let Some(p) = answer.parked.take() {
+            if let Some(need) = p.start {
+                crate::outbound::start(&app, shard, need);
             }
-            round += 1;
-        };
+            answer = match waiting.as_mut() {
+                Some(w) => match w.recv().await {
+                    Some(Resumption::Frame(a)) => a,
+                    _ => crate::guest::uncommitted_answer(&text),
+                },
+                None => crate::guest::uncommitted_answer(&text),
+            };
+        }
         app.dispatch(shard, answer.events);
         if !out.push(Outgoing::Text(answer.text)) {
             break;

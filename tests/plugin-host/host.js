@@ -91,24 +91,34 @@ export async function startHost({ out, config, seed, operator }) {
     }
   }
 
-  /** A request through `handle`'s steps: key fetches (one per relay), then the answer. */
-  const keyFetches = new Map();
-  async function handle(request) {
-    for (let round = 0; ; round += 1) {
-      const step = relay.handle(request, round, now());
-      if (step.tag === 'fetch-key') {
-        const k = step.val;
-        if (!keyFetches.has(k.relay)) {
-          const got = exchange(k.url, { method: 'GET' }, k.timeoutMs).then((f) => relay.keyFetched(k.relay, f, now()));
-          keyFetches.set(k.relay, got.finally(() => keyFetches.delete(k.relay)));
-        }
-        await keyFetches.get(k.relay);
-        continue;
+  /**
+   * A request through `handle`: a parked one waits for its ticket to come back from the
+   * report of the fetch the core named (the core coalesces fetches and bounds the waits).
+   */
+  const waiting = new Map();
+  let tickets = 0;
+  function start(need) {
+    if (need?.tag !== 'key') return;
+    const k = need.val;
+    exchange(k.url, { method: 'GET' }, k.timeoutMs).then((f) => {
+      for (const r of relay.keyFetched(k.relay, f, now())) {
+        const done = waiting.get(r.ticket);
+        if (done) done(r.resumption.val);
+        else if (r.resumption.val.tag === 'respond') run(r.resumption.val.val.events);
       }
-      if (step.tag !== 'respond') return { status: 501, headers: [], body: new Uint8Array(), events: [] };
-      run(step.val.events);
-      return step.val;
+    });
+  }
+  async function handle(request) {
+    const ticket = (tickets = (tickets + 1) >>> 0);
+    let step = relay.handle(request, ticket, now());
+    while (step.tag === 'parked') {
+      start(step.val.start);
+      step = await new Promise((done) => waiting.set(ticket, done));
+      waiting.delete(ticket);
     }
+    if (step.tag !== 'respond') return { status: 501, headers: [], body: new Uint8Array(), events: [] };
+    run(step.val.events);
+    return step.val;
   }
 
   /** Serves the relay over HTTP on `port` (no WebSocket, no TLS: a plugin host needs neither). */

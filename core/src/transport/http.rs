@@ -290,8 +290,8 @@ impl Response {
         Response::error(&Error::new(code, message))
     }
 
-    /// 503: the host's queue of work for the core is full, or a request's rounds ran out
-    /// ([`super::ROUNDS`]); retry in a second.
+    /// 503: the host's queue of work for the core is full, or a request may not wait for
+    /// what it needs ([`super::ROUNDS`], [`super::parking::MAX_PARKED`]); retry in a second.
     pub fn busy() -> Response {
         Response::json(503, BUSY.to_vec(), Vec::new())
     }

@@ -26,13 +26,16 @@ const MEMORY: usize = 65_536;
 pub enum Lookup {
     /// The key to verify with.
     Key([u8; 32]),
-    /// Fetch the key (or wait for the fetch already in flight), report it, then ask again.
+    /// Start a fetch of the key (the book marks it in flight): the request waits for it.
     Fetch,
+    /// A fetch of the key is in flight already: the request waits for that one.
+    Wait,
     /// No key to use: the last fetch failed lately, or a refresh is not due yet.
     None,
     /// A fetch is needed and [`FETCH_CONCURRENCY`] are in flight.
     Busy,
-    /// A fetch is needed (or in flight) but the request may not wait for one any more.
+    /// A fetch is needed (or in flight) but the request may not wait for one: it waited
+    /// every round it gets, or the core holds as many waiting requests as it keeps.
     Exhausted,
 }
 
@@ -62,8 +65,9 @@ fn remember<V>(m: &mut HashMap<String, V>, k: &str, v: V, live: impl Fn(&V) -> b
 
 impl KeyBook {
     /// The key of `relay` at `now`; `refresh` asks for a newer one than the cached key (a
-    /// signature did not verify under it). A `Fetch` answer marks the fetch in flight.
-    pub fn lookup(&mut self, relay: &str, refresh: bool, may_fetch: bool, now: u64) -> Lookup {
+    /// signature did not verify under it); `may_wait`: the request can wait for a fetch. A
+    /// `Fetch` answer marks the fetch in flight: one per relay, however many requests wait.
+    pub fn lookup(&mut self, relay: &str, refresh: bool, may_wait: bool, now: u64) -> Lookup {
         self.inflight
             .retain(|_, since| now.saturating_sub(*since) < FETCH_ABANDONED);
         let cached = self.keys.get(relay).copied();
@@ -71,8 +75,8 @@ impl KeyBook {
             return Lookup::Key(k);
         }
         if self.inflight.contains_key(relay) {
-            return if may_fetch {
-                Lookup::Fetch
+            return if may_wait {
+                Lookup::Wait
             } else {
                 Lookup::Exhausted
             };
@@ -90,7 +94,7 @@ impl KeyBook {
         if self.inflight.len() >= FETCH_CONCURRENCY {
             return Lookup::Busy;
         }
-        if !may_fetch {
+        if !may_wait {
             return Lookup::Exhausted;
         }
         remember(&mut self.last, relay, now, |at| {
@@ -126,7 +130,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_request_out_of_rounds_starts_no_fetch_and_waits_for_none() {
+    fn a_request_that_may_not_wait_starts_no_fetch_and_waits_for_none() {
         let mut b = KeyBook::default();
         assert_eq!(b.lookup(R, false, false, 0), Lookup::Exhausted);
         assert_eq!(b.fetches(), 0, "no fetch started, none left in flight");
@@ -145,7 +149,7 @@ mod tests {
         let mut b = KeyBook::default();
         assert_eq!(b.lookup(R, false, true, 0), Lookup::Fetch);
         // A second request meanwhile waits for the same fetch.
-        assert_eq!(b.lookup(R, false, true, 1), Lookup::Fetch);
+        assert_eq!(b.lookup(R, false, true, 1), Lookup::Wait);
         assert_eq!(b.fetches(), 1);
         b.fetched(R, Some([7; 32]), 5);
         assert_eq!(b.lookup(R, false, true, 6), Lookup::Key([7; 32]));

@@ -8,8 +8,10 @@
 //! classification of what became of them. The host keeps sockets, TLS, body limits and
 //! timeouts, timers, storage and process life.
 //!
-//! A relay request whose source key is not known yet yields [`Step::FetchKey`]: the host
-//! GETs the URL, reports it with [`Relay::key_fetched`], and submits the request again.
+//! A request that needs what the core does not hold (a relay's key; on a sharded relay, an
+//! account's route from a sibling shard) is parked in the core under the host's ticket
+//! ([`Step::Parked`], [`parking`]): the host starts the fetch the core names, reports it, and
+//! gets the request's answer back from that report ([`Resumed`]).
 
 pub mod address;
 pub mod ahead;
@@ -21,12 +23,14 @@ pub mod keys;
 pub mod limits;
 pub mod method;
 pub mod outbound;
+pub mod parking;
 pub mod placement;
 pub mod socket;
 
 pub use http::{Listener, Refusal, Request, Response, Route};
 pub use method::{Door, Method};
 pub use outbound::{Fetch, PeerRequest};
+pub use parking::{Need, Parked};
 pub use socket::{Answer, Upgrade};
 
 use crate::engine::shard::{Shard, SiblingRoute};
@@ -40,6 +44,7 @@ use crate::wire::relay_request;
 use crate::{Error, ErrorCode};
 use ed25519_dalek::SigningKey;
 use keys::{KeyBook, Lookup};
+use parking::{Awaited, Entry, Parking, Waiter};
 
 /// The longest a host waits for a peer's answer, whatever the attempt timeout.
 pub const MAX_EXCHANGE_MS: u64 = 20_000;
@@ -108,11 +113,10 @@ pub enum Event {
     },
 }
 
-/// How many steps a request or frame gets (a key fetch, a sibling shard's route) before the
-/// core answers it [`Response::busy`] (a frame, [`socket::busy_frame`]) rather than ask for
-/// another: nothing was accepted, retry in a second. The host says which round it is
-/// ([`Relay::handle_again`]). The core's books bound the fetches; this bounds a request
-/// that keeps asking, as after a trap that forgot them.
+/// How many times a request or frame waits (for a key, for a sibling shard's route) before
+/// the core answers it [`Response::busy`] (a frame, [`socket::busy_frame`]) rather than
+/// park it again: nothing was accepted, retry in a second. The core's books bound the
+/// fetches; this bounds a request that keeps needing another.
 pub const ROUNDS: usize = 3;
 
 /// What the core makes of a request.
@@ -120,22 +124,10 @@ pub const ROUNDS: usize = 3;
 pub enum Step {
     /// Write this answer.
     Respond(Response),
-    /// GET `url` (no redirects), report it with [`Relay::key_fetched`] for `relay`, then
-    /// submit the same request again. If a fetch of `relay` is already in flight, wait for
-    /// its report instead of starting another.
-    FetchKey {
-        /// The relay whose key is needed.
-        relay: String,
-        /// Its `/.well-known/relay`.
-        url: String,
-        /// Give up after this many ms (then report [`Fetch::Unknown`]).
-        timeout_ms: u64,
-    },
-    /// POST `{"account": account}` to `/v1/route.get` on sibling shard `shard` of this relay
-    /// (a public request to that shard's engine), report its answer with
-    /// [`Relay::route_fetched`], then submit the same request again. Only a sharded relay
-    /// asks this: a send to an account of another shard whose route this shard holds none of.
-    FetchRoute(RouteWanted),
+    /// The request waits in the core under its ticket: start [`Parked::start`] if there is
+    /// one, report it, and the report ([`Relay::key_fetched`], [`Relay::route_fetched`])
+    /// hands back this request's step as a [`Resumed`].
+    Parked(Parked),
     /// Accept the WebSocket upgrade; the socket belongs to this session.
     Upgrade(Upgrade),
     /// The operator asked for a backup: write a consistent copy of the storage to `path`
@@ -144,6 +136,31 @@ pub enum Step {
         /// Where to write it.
         path: String,
     },
+}
+
+/// A parked request's step, handed back by the report of what it waited for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resumed {
+    /// The ticket the host parked it under.
+    pub ticket: u32,
+    /// Its step: an HTTP request's, or a WebSocket frame's answer.
+    pub resumption: Resumption,
+}
+
+/// What a parked request comes back as.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resumption {
+    /// An HTTP request's step (a [`Step::Parked`] again when it waits once more: the same
+    /// ticket, and maybe another fetch to start).
+    Step(Step),
+    /// A WebSocket frame's answer (with [`Answer::parked`] when it waits once more).
+    Frame(Answer),
+}
+
+/// Where a request stands after the core looked at it: answered, or waiting for a fetch.
+enum Flow<T> {
+    Done(T),
+    Wait(Awaited, Option<Need>),
 }
 
 /// A route a call waits for: `account`'s, held by sibling shard `shard`.
@@ -194,6 +211,7 @@ pub struct Relay<S: Storage, E: Entropy> {
     /// SHA-256 of the operator token; `None`: no operator API.
     operator: Option<[u8; 32]>,
     keys: KeyBook,
+    parking: Parking,
 }
 
 impl<S: Storage, E: Entropy> Relay<S, E> {
@@ -208,6 +226,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             public,
             operator: operator_token.map(|t| digest::sha256(t.as_bytes())),
             keys: KeyBook::default(),
+            parking: Parking::default(),
         }
     }
 
@@ -226,36 +245,63 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         self.keys.fetches()
     }
 
+    /// Requests and frames parked now, waiting for a fetch.
+    pub fn parked(&self) -> usize {
+        self.parking.len()
+    }
+
     /// This relay's `/.well-known/relay` document.
     pub fn well_known(&self) -> Vec<u8> {
         canonical::to_vec(&self.engine.well_known(&self.public))
     }
 
-    /// Handles one request read whole, the first time (round 0); after a step, submit it
-    /// again with [`Relay::handle_again`], which bounds the rounds.
-    pub fn handle(&mut self, req: &Request, now: u64) -> Step {
-        self.handle_again(req, 0, now)
+    /// Handles one request read whole. `ticket` is the host's name for it, unique among
+    /// its requests still waiting: if the request must wait for a fetch, it is parked under
+    /// it ([`Step::Parked`]) and its step comes back, named so, from the fetch's report.
+    pub fn handle(&mut self, req: &Request, ticket: u32, now: u64) -> Step {
+        let may_wait = self.parking.has_room(ticket, parking::http_bytes(req));
+        match self.route_request(req, may_wait, now) {
+            Flow::Done(step) => step,
+            Flow::Wait(awaited, start) => {
+                self.park(ticket, Waiter::Http(req.clone()), awaited, 0, now);
+                Step::Parked(Parked { start })
+            }
+        }
     }
 
-    /// Handles a request again after the host carried out `round` steps for it
-    /// ([`Step::FetchKey`], [`Step::FetchRoute`]; 0 the first time). From [`ROUNDS`] on, a
-    /// request that would need another step is answered [`Response::busy`] instead, and no
-    /// fetch is started for it.
-    pub fn handle_again(&mut self, req: &Request, round: u32, now: u64) -> Step {
-        let last = round as usize >= ROUNDS;
+    fn park(&mut self, ticket: u32, waiter: Waiter, awaited: Awaited, round: u32, now: u64) {
+        self.parking.park(Entry {
+            ticket,
+            waiter,
+            awaited,
+            round,
+            since: now,
+        });
+    }
+
+    /// A request's way through the transport; `may_wait`: it may be parked (else what it
+    /// would wait for is answered busy, and no fetch is started for it).
+    fn route_request(&mut self, req: &Request, may_wait: bool, now: u64) -> Flow<Step> {
         let (door, name) = match req.route() {
             Route::Call(door, name) => (door, name),
             Route::WellKnown => {
-                return Step::Respond(Response::json(200, self.well_known(), Vec::new()))
+                return Flow::Done(Step::Respond(Response::json(
+                    200,
+                    self.well_known(),
+                    Vec::new(),
+                )))
             }
-            Route::Upgrade => return self.upgrade(req, now),
+            Route::Upgrade => return Flow::Done(self.upgrade(req, now)),
             Route::NotFound => {
-                return Step::Respond(Response::fail(ErrorCode::NotFound, "no such endpoint"))
+                return Flow::Done(Step::Respond(Response::fail(
+                    ErrorCode::NotFound,
+                    "no such endpoint",
+                )))
             }
         };
         let params = match self.params(&req.body) {
             Ok(p) => p,
-            Err(r) => return Step::Respond(r),
+            Err(r) => return Flow::Done(Step::Respond(r)),
         };
         match door {
             Door::Client => match Method::through(name, door) {
@@ -264,13 +310,68 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                         Some(t) => Caller::Session(t.to_string()),
                         None => Caller::Anonymous,
                     };
-                    self.call_step(&caller, req, m, params, last, now)
+                    self.call_step(&caller, req, m, params, may_wait, now)
                 }
-                Err(e) => Step::Respond(Response::error(&e)),
+                Err(e) => Flow::Done(Step::Respond(Response::error(&e))),
             },
-            Door::Relay => self.relay_call(req, name, params, last, now),
-            Door::Operator => self.operator_call(req, name, params, now),
+            Door::Relay => self.relay_call(req, name, params, may_wait, now),
+            Door::Operator => Flow::Done(self.operator_call(req, name, params, now)),
         }
+    }
+
+    /// Answers, at `now`, the parked requests waiting for `awaited` and those no report
+    /// reached in time (busy), in the order they were parked.
+    fn resume(&mut self, awaited: &Awaited, now: u64) -> Vec<Resumed> {
+        let mut out = Vec::new();
+        for e in self.parking.take_abandoned(now) {
+            let resumption = match &e.waiter {
+                Waiter::Http(_) => Resumption::Step(Step::Respond(Response::busy())),
+                Waiter::Frame { text, .. } => Resumption::Frame(busy_answer(text)),
+            };
+            out.push(Resumed {
+                ticket: e.ticket,
+                resumption,
+            });
+        }
+        for e in self.parking.take(awaited) {
+            let round = e.round + 1;
+            // Past its rounds a request may not wait again: what it would wait for is busy.
+            let bytes = match &e.waiter {
+                Waiter::Http(r) => parking::http_bytes(r),
+                Waiter::Frame { token, text, .. } => parking::frame_bytes(token, text),
+            };
+            let may_wait = (round as usize) < ROUNDS && self.parking.has_room(e.ticket, bytes);
+            let resumption = match e.waiter {
+                Waiter::Http(req) => match self.route_request(&req, may_wait, now) {
+                    Flow::Done(step) => Resumption::Step(step),
+                    Flow::Wait(awaited, start) => {
+                        self.park(e.ticket, Waiter::Http(req), awaited, round, now);
+                        Resumption::Step(Step::Parked(Parked { start }))
+                    }
+                },
+                Waiter::Frame {
+                    token,
+                    origin,
+                    text,
+                } => match self.frame(&token, origin.as_deref(), &text, may_wait, now) {
+                    Flow::Done(a) => Resumption::Frame(a),
+                    Flow::Wait(awaited, start) => {
+                        let waiter = Waiter::Frame {
+                            token,
+                            origin,
+                            text,
+                        };
+                        self.park(e.ticket, waiter, awaited, round, now);
+                        Resumption::Frame(waiting_answer(Parked { start }))
+                    }
+                },
+            };
+            out.push(Resumed {
+                ticket: e.ticket,
+                resumption,
+            });
+        }
+        out
     }
 
     /// A call's body as its params: judged by the strict parser before anything else looks
@@ -319,16 +420,17 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         req: &Request,
         name: &str,
         params: Object,
-        last: bool,
+        may_wait: bool,
         now: u64,
-    ) -> Step {
+    ) -> Flow<Step> {
+        let respond = |r| Flow::Done(Step::Respond(r));
         let method = match Method::through(name, Door::Relay) {
             Ok(m) => m,
-            Err(e) => return Step::Respond(Response::error(&e)),
+            Err(e) => return respond(Response::error(&e)),
         };
         let headers = req.relay_headers();
         let Some(headers) = headers else {
-            return Step::Respond(Response::fail(
+            return respond(Response::fail(
                 ErrorCode::Unauthenticated,
                 "relay authentication headers are missing",
             ));
@@ -347,7 +449,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         );
         let checked = match checked {
             Ok(p) => p,
-            Err(e) => return Step::Respond(Response::error(&e)),
+            Err(e) => return respond(Response::error(&e)),
         };
         let source = checked.source.clone();
         let mut refused: Option<Error> = None;
@@ -361,7 +463,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                 }
             } else {
                 self.keys
-                    .lookup(source.as_str(), refused.is_some(), !last, now)
+                    .lookup(source.as_str(), refused.is_some(), may_wait, now)
             };
             match lookup {
                 Lookup::Key(key) => match self.engine.authenticate_relay(&checked, &key, now) {
@@ -371,20 +473,24 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                             req,
                             method,
                             params,
-                            last,
+                            may_wait,
                             now,
                         )
                     }
                     // Under the cached key it failed: a newer key may have been published.
                     Err(e) if refused.is_none() => refused = Some(e),
-                    Err(e) => return Step::Respond(Response::error(&e)),
+                    Err(e) => return respond(Response::error(&e)),
                 },
                 Lookup::Fetch => {
-                    return Step::FetchKey {
+                    let need = Need::Key {
                         url: outbound::well_known_url(&source),
                         relay: source.as_str().to_string(),
                         timeout_ms: exchange_timeout(self.engine.config().attempt_timeout),
-                    }
+                    };
+                    return Flow::Wait(Awaited::Key(source.as_str().to_string()), Some(need));
+                }
+                Lookup::Wait => {
+                    return Flow::Wait(Awaited::Key(source.as_str().to_string()), None);
                 }
                 Lookup::None => {
                     let e = refused.unwrap_or_else(|| {
@@ -393,10 +499,10 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                             "could not fetch the source relay's key",
                         )
                     });
-                    return Step::Respond(Response::error(&e));
+                    return respond(Response::error(&e));
                 }
-                // Still waiting after every round: nothing was accepted, retry in a second.
-                Lookup::Exhausted => return Step::Respond(Response::busy()),
+                // It may not wait (again): nothing was accepted, retry in a second.
+                Lookup::Exhausted => return respond(Response::busy()),
                 Lookup::Busy => {
                     let mut d = Object::new();
                     d.insert("retry_after", 1000u64);
@@ -405,7 +511,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                         "too many key fetches in flight; retry",
                     )
                     .with_data(Value::Object(d));
-                    return Step::Respond(Response::error(&e));
+                    return respond(Response::error(&e));
                 }
             }
         }
@@ -453,8 +559,10 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         self.answer(r, now)
     }
 
-    /// Reports what became of a [`Step::FetchKey`] (every one the host started).
-    pub fn key_fetched(&mut self, relay: &str, fetch: Fetch, now: u64) {
+    /// Reports what became of a [`Need::Key`] fetch (every one the host started): the
+    /// requests that waited for it, answered (or parked again), and those no report reached
+    /// in time, answered busy.
+    pub fn key_fetched(&mut self, relay: &str, fetch: Fetch, now: u64) -> Vec<Resumed> {
         let network = self.engine.config().network.clone();
         let key = match (RelayId::parse(relay), fetch) {
             (Ok(id), Fetch::Answered(200, body)) => {
@@ -463,11 +571,13 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             _ => None,
         };
         self.keys.fetched(relay, key, now);
+        self.resume(&Awaited::Key(relay.to_string()), now)
     }
 
-    /// Reports what became of a [`Step::FetchRoute`] for `account` (every one the host
-    /// started): the sibling's `route.get` answer, or that it could not be asked.
-    pub fn route_fetched(&mut self, account: &str, fetch: Fetch) {
+    /// Reports what became of a [`Need::Route`] fetch for `account` (every one the host
+    /// started): the sibling's `route.get` answer, or that it could not be asked. Returns
+    /// the parked requests' steps as [`Relay::key_fetched`] does.
+    pub fn route_fetched(&mut self, account: &str, fetch: Fetch, now: u64) -> Vec<Resumed> {
         let route = match fetch {
             Fetch::Answered(200, body) => match json::parse_object(&body) {
                 Ok(mut o) => match o.remove("route") {
@@ -480,6 +590,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             _ => SiblingRoute::Failed,
         };
         self.engine.sibling_route(account, route);
+        self.resume(&Awaited::Route(account.to_string()), now)
     }
 
     /// A call whose answer may have to wait for a sibling shard's route.
@@ -489,16 +600,23 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         req: &Request,
         method: Method,
         params: Object,
-        last: bool,
+        may_wait: bool,
         now: u64,
-    ) -> Step {
+    ) -> Flow<Step> {
         let r = self.call_parsed(caller, req, method, params, now);
         match self.wanted() {
-            // Still waiting after every round: nothing was accepted, retry in a second.
-            Some(_) if last => Step::Respond(Response::busy()),
-            Some(w) => Step::FetchRoute(w),
-            None => Step::Respond(r),
+            // It may not wait (again): nothing was accepted, retry in a second.
+            Some(_) if !may_wait => Flow::Done(Step::Respond(Response::busy())),
+            Some(w) => self.wait_for_route(w),
+            None => Flow::Done(Step::Respond(r)),
         }
+    }
+
+    /// Waits for `w`'s route: one fetch per account, however many requests wait for it.
+    fn wait_for_route<T>(&mut self, w: RouteWanted) -> Flow<T> {
+        let awaited = Awaited::Route(w.account.clone());
+        let start = (!self.parking.waits_for(&awaited)).then_some(Need::Route(w));
+        Flow::Wait(awaited, start)
     }
 
     /// The route the last call waits for, if it waits for one.
@@ -530,36 +648,62 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
     }
 
     /// Handles one text message of a WebSocket opened with [`Step::Upgrade`] for `token`;
-    /// `round` as for [`Relay::handle_again`] (an answer with `route` is a step): from
-    /// [`ROUNDS`] on, the busy frame instead.
+    /// `ticket` as for [`Relay::handle`]: a frame that must wait is parked under it (an
+    /// answer with [`Answer::parked`], nothing to send yet).
     pub fn message(
         &mut self,
         token: &str,
         origin: Option<&str>,
         text: &str,
-        round: u32,
+        ticket: u32,
         now: u64,
     ) -> Answer {
+        let may_wait = self
+            .parking
+            .has_room(ticket, parking::frame_bytes(token, text));
+        match self.frame(token, origin, text, may_wait, now) {
+            Flow::Done(a) => a,
+            Flow::Wait(awaited, start) => {
+                let waiter = Waiter::Frame {
+                    token: token.to_string(),
+                    origin: origin.map(str::to_string),
+                    text: text.to_string(),
+                };
+                self.park(ticket, waiter, awaited, 0, now);
+                waiting_answer(Parked { start })
+            }
+        }
+    }
+
+    /// A frame's way through the core; `may_wait` as for [`Relay::route_request`].
+    fn frame(
+        &mut self,
+        token: &str,
+        origin: Option<&str>,
+        text: &str,
+        may_wait: bool,
+        now: u64,
+    ) -> Flow<Answer> {
         let f = match frame::parse(text.as_bytes()) {
             Ok(f) => f,
             Err((id, e)) => {
-                return Answer {
+                return Flow::Done(Answer {
                     text: socket::answer_frame(id, e.code.http_status(), &error_bytes(&e)),
                     close: None,
                     effects: Vec::new(),
-                    route: None,
-                }
+                    parked: None,
+                })
             }
         };
         let m = match Method::through(&f.method, Door::Client) {
             Ok(m) => m,
             Err(e) => {
-                return Answer {
+                return Flow::Done(Answer {
                     text: socket::answer_frame(f.id, e.code.http_status(), &error_bytes(&e)),
                     close: None,
                     effects: Vec::new(),
-                    route: None,
-                }
+                    parked: None,
+                })
             }
         };
         // The frame's params as the strict parser read them are what the method works on.
@@ -572,26 +716,19 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             now,
         );
         if let Some(w) = self.wanted() {
-            let last = round as usize >= ROUNDS;
-            return Answer {
-                // Still waiting after every round: nothing was accepted, retry in a second.
-                text: if last {
-                    socket::busy_frame(text)
-                } else {
-                    String::new()
-                },
-                close: None,
-                effects: Vec::new(),
-                route: (!last).then_some(w),
-            };
+            // It may not wait (again): nothing was accepted, retry in a second.
+            if !may_wait {
+                return Flow::Done(busy_answer(text));
+            }
+            return self.wait_for_route(w);
         }
         let closed = r.http_status() == 401;
-        Answer {
+        Flow::Done(Answer {
             text: socket::answer_of(f.id, &r.result),
             close: closed.then_some((socket::SESSION_CLOSED, socket::ENDED)),
             effects: self.events(r.effects, now),
-            route: None,
-        }
+            parked: None,
+        })
     }
 
     /// Reports what became of an [`Event::Send`].
@@ -748,6 +885,26 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                 Effect::ShardCall { shard, path, body } => Event::ShardCall { shard, path, body },
             })
             .collect()
+    }
+}
+
+/// The answer to a frame that may not wait: busy, nothing was accepted.
+fn busy_answer(text: &str) -> Answer {
+    Answer {
+        text: socket::busy_frame(text),
+        close: None,
+        effects: Vec::new(),
+        parked: None,
+    }
+}
+
+/// The answer to a frame parked in the core: nothing to send yet.
+fn waiting_answer(parked: Parked) -> Answer {
+    Answer {
+        text: String::new(),
+        close: None,
+        effects: Vec::new(),
+        parked: Some(parked),
     }
 }
 

@@ -43,9 +43,9 @@ pub struct Answer {
     pub close: Option<(u16, &'static str)>,
     /// What the host must do once the answer is on its way.
     pub effects: Vec<Event>,
-    /// The frame was not answered: it waits for this route from a sibling shard. Fetch it
-    /// as for [`super::Step::FetchRoute`], report it, and pass the same frame again.
-    pub route: Option<super::RouteWanted>,
+    /// The frame was not answered: it is parked in the core under its ticket, as for
+    /// [`super::Step::Parked`]; its answer comes back from the fetch's report.
+    pub parked: Option<super::Parked>,
 }
 
 /// An answer frame: `{"id", "result"}` or `{"id", "error"}` from a call's status and body.
@@ -94,8 +94,8 @@ pub fn frame_id(text: &str) -> Value {
     }
 }
 
-/// The answer frame when the host's queue of work for the core is full, or a frame's rounds
-/// ran out ([`super::ROUNDS`]).
+/// The answer frame when the host's queue of work for the core is full, or a frame may not
+/// wait for what it needs ([`super::ROUNDS`], [`super::parking::MAX_PARKED`]).
 pub fn busy_frame(text: &str) -> String {
     answer_frame(frame_id(text), 503, super::http::BUSY)
 }

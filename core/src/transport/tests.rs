@@ -59,6 +59,38 @@ fn upgrade_req() -> Request {
     r
 }
 
+/// Handles a request under ticket 0 (tests that park several name their own).
+trait Ask {
+    fn ask(&mut self, req: &Request, now: u64) -> Step;
+}
+
+impl Ask for Mem {
+    fn ask(&mut self, req: &Request, now: u64) -> Step {
+        self.handle(req, 0, now)
+    }
+}
+
+/// The HTTP answers a report handed back, with their tickets.
+fn answered(resumed: Vec<Resumed>) -> Vec<(u32, Response)> {
+    resumed
+        .into_iter()
+        .map(|r| match r.resumption {
+            Resumption::Step(Step::Respond(a)) => (r.ticket, a),
+            other => panic!("expected an answer for {}, got {other:?}", r.ticket),
+        })
+        .collect()
+}
+
+/// The one HTTP answer a report handed back.
+fn only(resumed: Vec<Resumed>) -> Response {
+    let mut a = answered(resumed);
+    assert_eq!(a.len(), 1, "{a:?}");
+    a.remove(0).1
+}
+
+/// A parked step that starts nothing: a fetch it waits for is under way.
+const WAITS: Step = Step::Parked(Parked { start: None });
+
 fn respond(s: Step) -> Response {
     match s {
         Step::Respond(r) => r,
@@ -109,7 +141,7 @@ const ROUTE_GET: &[u8] = br#"{"account":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA
 #[test]
 fn well_known_and_unknown_endpoints() {
     let mut a = relay(A, 1);
-    let r = respond(a.handle(&req(Listener::Public, "GET", "/.well-known/relay", b""), T0));
+    let r = respond(a.ask(&req(Listener::Public, "GET", "/.well-known/relay", b""), T0));
     assert_eq!(r.status, 200);
     let id = RelayId::parse(A).unwrap();
     assert_eq!(
@@ -123,7 +155,7 @@ fn well_known_and_unknown_endpoints() {
         ("POST", "/v1/a/b"),
         ("POST", "/admin/v1/deliveries"),
     ] {
-        let r = respond(a.handle(&req(Listener::Public, m, p, b"{}"), T0));
+        let r = respond(a.ask(&req(Listener::Public, m, p, b"{}"), T0));
         assert_eq!((r.status, code(&r).as_str()), (404, "not_found"), "{m} {p}");
     }
 }
@@ -131,12 +163,12 @@ fn well_known_and_unknown_endpoints() {
 #[test]
 fn the_body_is_judged_before_the_door() {
     let mut a = relay(A, 1);
-    let r = respond(a.handle(
+    let r = respond(a.ask(
         &req(Listener::Public, "POST", "/v1/route.get", b"{\"a\":"),
         T0,
     ));
     assert_eq!(r.status, 400);
-    let r = respond(a.handle(
+    let r = respond(a.ask(
         &req(Listener::Public, "POST", "/relay/v1/route.get", b"[]"),
         T0,
     ));
@@ -145,25 +177,25 @@ fn the_body_is_judged_before_the_door() {
     let limit = a.engine().config().policies.max_request_bytes as usize;
     let mut long = b"{\"a\":".to_vec();
     long.resize(limit + 1, b'[');
-    let r = respond(a.handle(&req(Listener::Public, "POST", "/v1/route.get", &long), T0));
+    let r = respond(a.ask(&req(Listener::Public, "POST", "/v1/route.get", &long), T0));
     assert_eq!((r.status, code(&r).as_str()), (413, "payload_too_large"));
 }
 
 #[test]
 fn admin_methods_only_through_the_operator_door() {
     let mut a = relay(A, 1);
-    let r = respond(a.handle(
+    let r = respond(a.ask(
         &req(Listener::Public, "POST", "/v1/admin.deliveries", b"{}"),
         T0,
     ));
     assert_eq!((r.status, code(&r).as_str()), (404, "not_found"));
     let mut op = req(Listener::Admin, "POST", "/admin/v1/deliveries", b"{}");
-    let r = respond(a.handle(&op, T0));
+    let r = respond(a.ask(&op, T0));
     assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
     op.headers = vec![("authorization".into(), "Bearer wrong".into())];
-    assert_eq!(respond(a.handle(&op, T0)).status, 401);
+    assert_eq!(respond(a.ask(&op, T0)).status, 401);
     op.headers = vec![("authorization".into(), format!("Bearer {TOKEN}"))];
-    assert_eq!(respond(a.handle(&op, T0)).status, 200);
+    assert_eq!(respond(a.ask(&op, T0)).status, 200);
     let mut backup = req(
         Listener::Admin,
         "POST",
@@ -172,42 +204,50 @@ fn admin_methods_only_through_the_operator_door() {
     );
     backup.headers = op.headers.clone();
     assert_eq!(
-        a.handle(&backup, T0),
+        a.ask(&backup, T0),
         Step::Backup {
             path: "/tmp/x.db".into()
         }
     );
     backup.body = br#"{"path":"x.db"}"#.to_vec();
-    assert_eq!(respond(a.handle(&backup, T0)).status, 400);
+    assert_eq!(respond(a.ask(&backup, T0)).status, 400);
     // Client methods are not the operator's.
     let mut other = req(Listener::Admin, "POST", "/admin/v1/message.send", b"{}");
     other.headers = op.headers.clone();
-    assert_eq!(respond(a.handle(&other, T0)).status, 404);
+    assert_eq!(respond(a.ask(&other, T0)).status, 404);
 }
 
 #[test]
-fn a_relay_request_fetches_the_key_once_then_authenticates() {
+fn requests_waiting_for_a_relays_key_are_parked_and_share_one_fetch() {
     let mut a = relay(A, 1);
     let mut b = relay(B, 2);
     let first = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
     let second = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
-    let fetch = Step::FetchKey {
-        relay: A.into(),
-        url: format!("{A}/.well-known/relay"),
-        timeout_ms: 20_000,
-    };
-    assert_eq!(b.handle(&first, T0), fetch);
-    // Another request meanwhile waits for the same fetch.
-    assert_eq!(b.handle(&second, T0), fetch);
-    assert_eq!(b.key_fetches(), 1);
-    b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0 + 5);
-    // Authenticated: route.get answers (no route here), not 401.
-    let r = respond(b.handle(&first, T0 + 6));
-    assert_eq!((r.status, code(&r).as_str()), (404, "not_found"));
-    let r = respond(b.handle(&second, T0 + 6));
-    assert_eq!(r.status, 404);
+    let fetch = Step::Parked(Parked {
+        start: Some(Need::Key {
+            relay: A.into(),
+            url: format!("{A}/.well-known/relay"),
+            timeout_ms: 20_000,
+        }),
+    });
+    assert_eq!(b.handle(&first, 1, T0), fetch);
+    // Another request meanwhile waits in the core for the same fetch: nothing to start.
+    assert_eq!(b.handle(&second, 2, T0), WAITS);
+    assert_eq!((b.key_fetches(), b.parked()), (1, 2));
+    // The report answers both, in the order they came: authenticated, so route.get
+    // answers (no route here), not 401.
+    let resumed = answered(b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0 + 5));
+    let seen: Vec<_> = resumed
+        .iter()
+        .map(|(t, r)| (*t, r.status, code(r)))
+        .collect();
+    assert_eq!(
+        seen,
+        [(1, 404, "not_found".into()), (2, 404, "not_found".into())]
+    );
+    assert_eq!(b.parked(), 0);
     // A replay is refused, and the refusal does not start a fetch within the interval.
-    let r = respond(b.handle(&first, T0 + 7));
+    let r = respond(b.ask(&first, T0 + 7));
     assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
     assert_eq!(b.key_fetches(), 1);
 }
@@ -219,13 +259,13 @@ fn a_sibling_shard_is_authenticated_by_the_relays_own_key_and_an_impostor_is_not
     let mut s1 = sharded(A, 1, Shard::new(1, 2).unwrap());
     let from_sibling = relay_request(&mut s0, A, PeerMethod::RouteGet, ROUTE_GET, T0);
     // No key fetch: the sibling signs with this relay's key.
-    let r = respond(s1.handle(&from_sibling, T0));
+    let r = respond(s1.ask(&from_sibling, T0));
     assert_eq!((r.status, code(&r).as_str()), (404, "not_found"));
     assert_eq!(s1.key_fetches(), 0);
     // Another key claiming this relay's id is refused, and starts no fetch either.
     let mut impostor = sharded(A, 9, Shard::new(0, 2).unwrap());
     let forged = relay_request(&mut impostor, A, PeerMethod::RouteGet, ROUTE_GET, T0);
-    let r = respond(s1.handle(&forged, T0));
+    let r = respond(s1.ask(&forged, T0));
     assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
     assert_eq!(s1.key_fetches(), 0);
 }
@@ -275,14 +315,14 @@ fn relay_requests_are_checked_before_any_fetch() {
     let mut r = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
     // Not a relay method.
     r.path = "/relay/v1/message.send".into();
-    assert_eq!(respond(b.handle(&r, T0)).status, 404);
+    assert_eq!(respond(b.ask(&r, T0)).status, 404);
     // Headers missing.
     let mut bare = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
     bare.headers.retain(|(k, _)| k != "relay-nonce");
-    assert_eq!(respond(b.handle(&bare, T0)).status, 401);
+    assert_eq!(respond(b.ask(&bare, T0)).status, 401);
     // Stale timestamp.
     let old = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
-    assert_eq!(respond(b.handle(&old, T0 + 3_600_000)).status, 401);
+    assert_eq!(respond(b.ask(&old, T0 + 3_600_000)).status, 401);
     assert_eq!(b.key_fetches(), 0);
     // Addressed to another relay: only the signature, which covers `to`, can tell.
     let elsewhere = relay_request(
@@ -292,9 +332,8 @@ fn relay_requests_are_checked_before_any_fetch() {
         ROUTE_GET,
         T0,
     );
-    assert!(matches!(b.handle(&elsewhere, T0), Step::FetchKey { .. }));
-    b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0);
-    let r = respond(b.handle(&elsewhere, T0));
+    assert!(matches!(b.ask(&elsewhere, T0), Step::Parked(_)));
+    let r = only(b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0));
     assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
 }
 
@@ -303,68 +342,97 @@ fn a_failed_fetch_is_remembered_and_fetches_are_capped() {
     let mut a = relay(A, 1);
     let mut b = relay(B, 2);
     let r1 = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
-    assert!(matches!(b.handle(&r1, T0), Step::FetchKey { .. }));
-    b.key_fetched(A, Fetch::NotSent, T0);
-    let r = respond(b.handle(&r1, T0 + 1));
+    assert!(matches!(b.ask(&r1, T0), Step::Parked(_)));
+    let r = only(b.key_fetched(A, Fetch::NotSent, T0));
     assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
     let r2 = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0 + 2);
-    assert_eq!(respond(b.handle(&r2, T0 + 2)).status, 401);
+    assert_eq!(respond(b.ask(&r2, T0 + 2)).status, 401);
     assert_eq!(b.key_fetches(), 1);
     // A document naming another relay is a failure too.
     let mut c = relay("http://c.example", 3);
     let rc = relay_request(&mut c, B, PeerMethod::RouteGet, ROUTE_GET, T0);
-    assert!(matches!(b.handle(&rc, T0), Step::FetchKey { .. }));
-    b.key_fetched("http://c.example", Fetch::Answered(200, a.well_known()), T0);
-    assert_eq!(respond(b.handle(&rc, T0 + 1)).status, 401);
+    assert!(matches!(b.ask(&rc, T0), Step::Parked(_)));
+    let r = only(b.key_fetched("http://c.example", Fetch::Answered(200, a.well_known()), T0));
+    assert_eq!(r.status, 401);
     // Eight relays' fetches in flight: the ninth is told to come back.
     for i in 0..keys::FETCH_CONCURRENCY {
         let id = format!("http://r{i}.example");
         let mut r = relay(&id, 10 + i as u8);
         let q = relay_request(&mut r, B, PeerMethod::RouteGet, ROUTE_GET, T0);
-        assert!(matches!(b.handle(&q, T0), Step::FetchKey { .. }));
+        assert!(matches!(
+            b.handle(&q, 10 + i as u32, T0),
+            Step::Parked(Parked { start: Some(_) })
+        ));
     }
     let mut late = relay("http://late.example", 99);
     let q = relay_request(&mut late, B, PeerMethod::RouteGet, ROUTE_GET, T0);
-    let r = respond(b.handle(&q, T0));
+    let r = respond(b.ask(&q, T0));
     assert_eq!((r.status, code(&r).as_str()), (503, "unavailable"));
     assert!(r.headers.contains(&("retry-after", "1".to_string())));
 }
 
 #[test]
-fn a_request_still_waiting_after_every_round_is_answered_busy_and_starts_no_fetch() {
-    let mut a = relay(A, 1);
+fn a_request_waits_at_most_rounds_times_then_is_answered_busy() {
     let mut b = relay(B, 2);
-    let r = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
-    // Out of rounds at once: busy, to the byte, and no fetch started or left in flight.
+    // A frame whose call waits for a sibling shard's route, every time it runs.
+    let frame = r#"{"id":1,"method":"message.timeline.sync","params":{}}"#;
+    b.engine.want_route("acc");
+    let first = b.message("tok", None, frame, 7, T0);
+    let route = Need::Route(RouteWanted {
+        account: "acc".into(),
+        shard: 0,
+    });
     assert_eq!(
-        b.handle_again(&r, ROUNDS as u32, T0),
-        Step::Respond(Response::busy())
+        (first.text.as_str(), first.parked),
+        (
+            "",
+            Some(Parked {
+                start: Some(route.clone())
+            })
+        )
     );
-    assert_eq!(b.key_fetches(), 0);
-    // Each round before that is a step; a host that forgets nothing ends in one.
-    for round in 0..ROUNDS as u32 {
-        assert!(
-            matches!(b.handle_again(&r, round, T0), Step::FetchKey { .. }),
+    for round in 1..ROUNDS {
+        b.engine.want_route("acc");
+        let again = b.route_fetched("acc", Fetch::NotSent, T0);
+        assert_eq!(again.len(), 1, "round {round}");
+        assert_eq!(again[0].ticket, 7);
+        let Resumption::Frame(a) = &again[0].resumption else {
+            panic!("a frame comes back as a frame")
+        };
+        // Parked again under the same ticket; its own fetch is over, so it starts another.
+        assert_eq!(
+            a.parked,
+            Some(Parked {
+                start: Some(route.clone())
+            }),
             "round {round}"
         );
     }
-    assert_eq!(b.key_fetches(), 1, "one fetch, waited for on every round");
+    // Past its rounds: the busy frame, nothing accepted, nothing parked or fetched.
+    b.engine.want_route("acc");
+    let last = b.route_fetched("acc", Fetch::NotSent, T0);
+    let Resumption::Frame(a) = &last[0].resumption else {
+        panic!("a frame comes back as a frame")
+    };
+    assert_eq!((&a.text, &a.parked), (&socket::busy_frame(frame), &None));
+    assert_eq!(b.parked(), 0);
+    // The same call over HTTP: parked, and a second one waits for the same route.
+    let mut sync = req(Listener::Public, "POST", "/v1/message.timeline.sync", b"{}");
+    sync.headers
+        .push(("authorization".into(), "Bearer tok".into()));
+    b.engine.want_route("acc");
     assert_eq!(
-        b.handle_again(&r, ROUNDS as u32, T0),
-        Step::Respond(Response::busy())
+        b.handle(&sync, 1, T0),
+        Step::Parked(Parked {
+            start: Some(route.clone())
+        })
     );
-    // Once the key is in, the last round is answered as any other.
-    b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0);
-    assert_eq!(respond(b.handle_again(&r, ROUNDS as u32, T0)).status, 404);
-    // A frame whose call waits for a sibling shard's route: a step before the last round,
-    // the busy frame at it.
-    let frame = r#"{"id":1,"method":"message.timeline.sync","params":{}}"#;
     b.engine.want_route("acc");
-    let waiting = b.message("tok", None, frame, ROUNDS as u32 - 1, T0);
-    assert_eq!(waiting.route.map(|w| w.account), Some("acc".to_string()));
-    b.engine.want_route("acc");
-    let busy = b.message("tok", None, frame, ROUNDS as u32, T0);
-    assert_eq!((busy.route, busy.text), (None, socket::busy_frame(frame)));
+    assert_eq!(b.handle(&sync, 2, T0), WAITS);
+    // The route came (a failure, here): both run again, and answer (the session is unknown).
+    let done = answered(b.route_fetched("acc", Fetch::NotSent, T0));
+    let seen: Vec<_> = done.iter().map(|(t, r)| (*t, r.status)).collect();
+    assert_eq!(seen, [(1, 401), (2, 401)]);
     // What the host hands the sibling shard: route.get of the account, as the core reads it.
     let w = RouteWanted {
         account: "acc".into(),
@@ -373,20 +441,36 @@ fn a_request_still_waiting_after_every_round_is_answered_busy_and_starts_no_fetc
     let ask = w.request();
     assert_eq!(ask.route(), Route::Call(Door::Client, "route.get"));
     assert_eq!(ask.body, br#"{"account":"acc"}"#);
-    // The same call over HTTP.
-    let mut sync = req(Listener::Public, "POST", "/v1/message.timeline.sync", b"{}");
-    sync.headers
-        .push(("authorization".into(), "Bearer tok".into()));
+}
+
+#[test]
+fn the_parked_requests_are_bounded_and_one_no_report_reached_is_answered_busy() {
+    let mut a = relay(A, 1);
+    let mut b = relay(B, 2);
+    let r = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    assert!(matches!(b.handle(&r, 0, T0), Step::Parked(_)));
+    // A ticket already waiting is not parked twice: busy, to the byte.
+    assert_eq!(b.handle(&r, 0, T0), Step::Respond(Response::busy()));
+    for t in 1..parking::MAX_PARKED as u32 {
+        assert_eq!(b.handle(&r, t, T0), WAITS, "ticket {t}");
+    }
+    assert_eq!(b.parked(), parking::MAX_PARKED);
+    // Full: busy, and no fetch started for it.
+    let mut c = relay("http://c.example", 3);
+    let rc = relay_request(&mut c, B, PeerMethod::RouteGet, ROUTE_GET, T0);
+    let t = parking::MAX_PARKED as u32;
+    assert_eq!(b.handle(&rc, t, T0), Step::Respond(Response::busy()));
+    let frame = r#"{"id":1,"method":"message.timeline.sync","params":{}}"#;
     b.engine.want_route("acc");
-    assert!(matches!(
-        b.handle_again(&sync, ROUNDS as u32 - 1, T0),
-        Step::FetchRoute(_)
-    ));
-    b.engine.want_route("acc");
-    assert_eq!(
-        b.handle_again(&sync, ROUNDS as u32, T0),
-        Step::Respond(Response::busy())
-    );
+    let busy = b.message("tok", None, frame, t + 1, T0);
+    assert_eq!((busy.text, busy.parked), (socket::busy_frame(frame), None));
+    assert_eq!(b.key_fetches(), 1);
+    // No report of A's key came; one of another relay's, late enough, answers them busy.
+    let late = T0 + parking::PARK_ABANDONED;
+    let resumed = answered(b.key_fetched("http://c.example", Fetch::NotSent, late));
+    assert_eq!(resumed.len(), parking::MAX_PARKED);
+    assert!(resumed.iter().all(|(_, r)| *r == Response::busy()));
+    assert_eq!(b.parked(), 0);
 }
 
 #[test]
@@ -394,16 +478,16 @@ fn a_key_that_no_longer_verifies_is_refreshed_once_per_interval() {
     let mut a = relay(A, 1);
     let mut b = relay(B, 2);
     let r1 = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
-    assert!(matches!(b.handle(&r1, T0), Step::FetchKey { .. }));
-    b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0);
-    assert_eq!(respond(b.handle(&r1, T0)).status, 404);
+    assert!(matches!(b.ask(&r1, T0), Step::Parked(_)));
+    let r = only(b.key_fetched(A, Fetch::Answered(200, a.well_known()), T0));
+    assert_eq!(r.status, 404);
     // A rotates its key (same id, new seed).
     let mut a2 = relay(A, 7);
     let later = T0 + keys::FETCH_INTERVAL;
     let r2 = relay_request(&mut a2, B, PeerMethod::RouteGet, ROUTE_GET, later);
-    assert!(matches!(b.handle(&r2, later), Step::FetchKey { .. }));
-    b.key_fetched(A, Fetch::Answered(200, a2.well_known()), later);
-    assert_eq!(respond(b.handle(&r2, later)).status, 404);
+    assert!(matches!(b.ask(&r2, later), Step::Parked(_)));
+    let r = only(b.key_fetched(A, Fetch::Answered(200, a2.well_known()), later));
+    assert_eq!(r.status, 404);
     assert_eq!(b.key_fetches(), 2);
 }
 
@@ -447,11 +531,11 @@ fn outbound_requests_are_signed_and_replay_exactly() {
 #[test]
 fn websocket_upgrade_and_messages() {
     let mut a = relay(A, 1);
-    let r = respond(a.handle(&upgrade_req(), T0));
+    let r = respond(a.ask(&upgrade_req(), T0));
     assert_eq!((r.status, code(&r).as_str()), (401, "unauthenticated"));
     let mut up = upgrade_req();
     up.query = "session=nope".into();
-    assert_eq!(respond(a.handle(&up, T0)).status, 401);
+    assert_eq!(respond(a.ask(&up, T0)).status, 401);
 
     let garbage = a.message("tok", None, "not json", 0, T0);
     assert!(garbage.text.starts_with(r#"{"error""#) && garbage.text.ends_with(r#""id":null}"#));
@@ -534,7 +618,10 @@ fn the_core_names_the_time_of_every_exchange() {
     let mut a = relay(A, 1);
     let request = relay_request(&mut a, B, PeerMethod::RouteGet, ROUTE_GET, T0);
     let mut b = configured(config, 2);
-    let Step::FetchKey { timeout_ms, .. } = b.handle(&request, T0) else {
+    let Step::Parked(Parked {
+        start: Some(Need::Key { timeout_ms, .. }),
+    }) = b.ask(&request, T0)
+    else {
         panic!("an unknown source's key is fetched")
     };
     assert_eq!(timeout_ms, 1_000);
@@ -574,7 +661,7 @@ fn ahead_answers_only_what_the_core_answers_without_its_state_and_exactly_as_it_
         let ahead::Verdict::Answer(early) = ahead.request(&r, T0) else {
             panic!("{} {} is answered ahead", r.method, r.path)
         };
-        assert_eq!(early, respond(a.handle(&r, T0)), "{} {}", r.method, r.path);
+        assert_eq!(early, respond(a.ask(&r, T0)), "{} {}", r.method, r.path);
     }
     // What needs the core's state goes on to it, and nothing is verified without a memory.
     for r in [

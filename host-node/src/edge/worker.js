@@ -17,7 +17,7 @@ import { Alarm, RelayCore, REQUEST_HEADERS, generation, reset, stepOf, uncommitt
 import { SqlStore, ShardIndex } from './store.js';
 import { EMPTY, frameOf, isTrap } from '../kit/step.js';
 import { CommitGroup } from '../kit/group.js';
-import { KeyFetches, answer as answerOf, runEvents } from '../kit/requests.js';
+import { Parking, answer as answerOf, answerFrame, resumedOf, runEvents } from '../kit/requests.js';
 import { answered, notSent, unknown, failure, readAll } from '../kit/outcome.js';
 
 /** The keys of CONFIG that are the engine's own options (relay-settings' `Engine`). */
@@ -253,15 +253,20 @@ export class RelayShard extends DurableObject {
       },
       cap: GROUP_CAP,
     });
-    /** Key fetches (the kit's): requests waiting for the same relay's key share one GET. */
-    this.keys = new KeyFetches(
-      ({ url, timeout_ms: timeout }) => this.#exchange('GET', url, {}, undefined, timeout),
-      (relay, o) => {
+    /** Requests parked in the core (the kit's): the fetches it names, and their answers by ticket. */
+    this.parking = new Parking({
+      getKey: async ({ relay, url, timeout_ms: timeout }) => {
+        const o = await this.#exchange('GET', url, {}, undefined, timeout);
         const why = failure(o);
         if (why) console.warn(`key fetch from ${relay} failed: ${why}`);
-        this.#call((c) => c.keyFetched(relay, o, Date.now()), undefined);
+        return o;
       },
-    );
+      keyFetched: (relay, o) => this.#report((c) => c.keyFetched(relay, o, Date.now())),
+      // The core's request for the sibling shard: route.get of the account.
+      getRoute: ({ shard: k, path, body }) => this.#internal(k, 'POST', path, '', encoder.encode(body)),
+      routeFetched: (account, o) => this.#report((c) => c.routeFetched(account, o, Date.now())),
+      run: (events) => this.#run(events),
+    });
     /** What the core's events do here (the kit runs them). */
     this.handlers = {
       send: (e) => this.ctx.waitUntil(this.#attempt(e)),
@@ -305,6 +310,8 @@ export class RelayShard extends DurableObject {
       this.core.__destroy_into_raw?.();
       this.core = null;
     }
+    // A fresh core has no parked requests: those of the one before are answered as uncommitted.
+    this.parking?.dropAll();
     const s = this.settings;
     const k = this.index.get() ?? 0;
     const config = {
@@ -368,6 +375,19 @@ export class RelayShard extends DurableObject {
       return Promise.resolve(null);
     }
     return this.group.hold(out);
+  }
+
+  /**
+   * Reports a fetch a parked step named (`f` calls keyFetched or routeFetched) in the commit
+   * group: what it resumed, released after the group commits (`lost` when it failed).
+   * @param {(core: any) => import('../kit/requests.js').RawResumed[]} f
+   * @returns {Promise<import('../kit/requests.js').Report>}
+   */
+  async #report(f) {
+    /** @type {import('../kit/requests.js').RawResumed[]} */
+    let raw = [];
+    const held = await this.#grouped((c) => (raw = f(c)));
+    return { resumed: raw.map(resumedOf), lost: held === null };
   }
 
   /** Commits the open group's writes in one transaction (throws when it could not). */
@@ -478,31 +498,23 @@ export class RelayShard extends DurableObject {
 
   /**
    * A request read whole, answered by the core: the answer, or the session a WebSocket
-   * upgrade belongs to. A relay request whose source key is not known yet waits for its
-   * fetch, a call that needs a sibling shard's route waits for it; then it goes in again.
+   * upgrade belongs to. A relay request whose source key is not known yet, or a call that
+   * needs a sibling shard's route, is parked in the core until the fetch it names reports.
    * @returns {Promise<any>}
    */
   handle(req) {
     return answerOf(
-      async (round) => {
-        const out = await this.#grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, round, Date.now()));
+      async (ticket) => {
+        const out = await this.#grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, ticket, Date.now()));
         return out === null ? uncommitted() : stepOf(out);
       },
       {
-        keys: this.keys,
-        route: (r) => this.#fetchRoute(r),
+        parking: this.parking,
         backup: async () => answer(404, errorBody('not_found', 'backup: the edge host keeps no database file of its own; Durable Object storage is backed up by the platform')),
         run: (events) => this.#run(events),
         uncommitted,
       },
     );
-  }
-
-  /** Runs `route.get` for `account` on its shard and reports the answer (a sharded relay). */
-  async #fetchRoute({ account, shard: k, path, body }) {
-    // The core's request for the sibling: route.get of the account.
-    const r = await this.#internal(k, 'POST', path, '', encoder.encode(body));
-    this.#call((c) => c.routeFetched(account, r), undefined);
   }
 
   /**
@@ -554,22 +566,16 @@ export class RelayShard extends DurableObject {
       return;
     }
     const textOf = typeof message === 'string' ? message : decoder.decode(message);
-    for (let round = 0; ; round += 1) {
-      const out = this.#call((c) => c.message(a.token, a.origin ?? null, textOf, round, Date.now()), null);
-      if (out === null) {
-        trySend(ws, RelayCore.uncommittedFrame(textOf));
-        return;
-      }
-      const frame = frameOf(out);
-      if (frame.route) {
-        await this.#fetchRoute(frame.route);
-        continue;
-      }
-      trySend(ws, frame.text);
-      if (frame.close) ws.close(frame.close[0], frame.close[1]);
-      this.#run(frame.effects);
-      return;
-    }
+    const frame = await answerFrame(
+      (ticket) => {
+        const out = this.#call((c) => c.message(a.token, a.origin ?? null, textOf, ticket, Date.now()), null);
+        return out === null ? null : frameOf(out);
+      },
+      { parking: this.parking, uncommitted: () => RelayCore.uncommittedFrame(textOf) },
+    );
+    trySend(ws, frame.text);
+    if (frame.close) ws.close(frame.close[0], frame.close[1]);
+    this.#run(frame.effects);
   }
 
   /** @param {WebSocket} ws @param {number} code @param {string} reason */

@@ -1,9 +1,13 @@
-// A request through the core to its answer, the same loop on every JavaScript host.
+// A request through the core to its answer, the same way on every JavaScript host.
 //
-// The core may answer a request with what it needs first: a relay's key document (to check a
-// relay's signature) or, on a sharded relay, an account's route from a sibling shard. The host
-// fetches it, hands it to the core, and the request goes in again; the core counts the rounds
-// and answers busy past its bound. Requests waiting for the same relay's key share one GET.
+// The core may need something before it can answer: a relay's key document (to check a
+// relay's signature) or, on a sharded relay, an account's route from a sibling shard. It then
+// parks the request under the ticket the host gave it and names the fetch to start (none when
+// one already under way brings it: the core coalesces). The host starts that fetch, reports
+// what came, and the report hands back the parked requests' steps by ticket. The host never
+// resubmits a request, counts rounds or coalesces fetches: the core does.
+
+import { stepOf, frameOf } from './step.js';
 
 /**
  * @typedef {import('./step.js').Step} Step
@@ -11,81 +15,144 @@
  * @typedef {import('./step.js').Upgrade} Upgrade
  * @typedef {import('./step.js').KeyFetch} KeyFetch
  * @typedef {import('./step.js').RouteFetch} RouteFetch
+ * @typedef {import('./step.js').Parked} Parked
+ * @typedef {import('./step.js').Frame} Frame
  * @typedef {import('./step.js').Event} Event
  * @typedef {import('./outcome.js').Outcome} Outcome
+ * @typedef {{ticket: number, step: Uint8Array} | {ticket: number, frame: string}} RawResumed
+ * @typedef {{ticket: number, step: Step} | {ticket: number, frame: Frame}} Resumed
+ * @typedef {{resumed: Resumed[], lost: boolean}} Report what a fetch's report resumed, and
+ *   whether its commit group failed (then none of it was accepted)
  */
 
-/** Most relays whose last key fetch is remembered (for the mark below); past it, all are forgotten. */
-const REMEMBERED = 65536;
-
-/** The key fetches of one relay core: at most one GET per relay in flight. */
-export class KeyFetches {
-  /**
-   * @param {(fetch: KeyFetch) => Promise<Outcome>} get the GET of a relay's key document
-   * @param {(relay: string, outcome: Outcome) => void} report hands the outcome to the core (`keyFetched`)
-   */
-  constructor(get, report) {
-    this.get = get;
-    this.report = report;
-    /** @type {Map<string, Promise<void>>} */
-    this.inFlight = new Map();
-    /** When (in `ended`, the count of fetches ended) each relay's last fetch ended. */
-    this.endedAt = new Map();
-    this.ended = 0;
+/** The next resumption of one parked ticket: what came before it was asked for waits in `queue`. */
+class Waiter {
+  constructor() {
+    /** @type {Array<Resumed | null>} */
+    this.queue = [];
+    /** @type {((r: Resumed | null) => void) | null} */
+    this.take = null;
   }
 
-  /** A mark taken before a call whose answer may ask for a key. */
-  mark() {
-    return this.ended;
+  /** @param {Resumed | null} r */
+  push(r) {
+    const take = this.take;
+    if (take) {
+      this.take = null;
+      take(r);
+    } else this.queue.push(r);
+  }
+
+  /** @returns {Promise<Resumed | null>} */
+  next() {
+    if (this.queue.length) return Promise.resolve(/** @type {Resumed | null} */ (this.queue.shift()));
+    return new Promise((resolve) => (this.take = resolve));
+  }
+}
+
+/** A resumption the core made, read (a step, or a frame's answer). @param {RawResumed} r @returns {Resumed} */
+export function resumedOf(r) {
+  return 'step' in r ? { ticket: r.ticket, step: stepOf(r.step) } : { ticket: r.ticket, frame: frameOf(r.frame) };
+}
+
+/** Whether a resumption parks its request again (it keeps waiting under the same ticket). @param {Resumed} r */
+const parkedAgain = (r) => ('step' in r ? 'parked' in r.step : Boolean(r.frame.parked));
+
+/** The requests of one relay core that wait in it, by ticket, and the fetches they need. */
+export class Parking {
+  /**
+   * @param {object} host
+   * @param {(fetch: KeyFetch) => Promise<Outcome>} host.getKey GETs a relay's key document
+   * @param {(relay: string, outcome: Outcome) => Promise<Report>} host.keyFetched reports it to the core, in a commit group
+   * @param {(events: Event[] | undefined) => void} host.run runs the effects of an answer whose request is gone
+   * @param {(route: RouteFetch) => Promise<Outcome>} [host.getRoute] asks a sibling shard for a route (a sharded relay)
+   * @param {(account: string, outcome: Outcome) => Promise<Report>} [host.routeFetched] reports it to the core, as `keyFetched`
+   */
+  constructor({ getKey, keyFetched, run, getRoute, routeFetched }) {
+    this.host = { getKey, keyFetched, run, getRoute, routeFetched };
+    /** @type {Map<number, Waiter>} */
+    this.waiting = new Map();
+    this.next = 0;
+  }
+
+  /** A ticket no waiting request holds, opened so that resumptions for it are kept. @returns {number} */
+  open() {
+    do this.next = (this.next + 1) >>> 0;
+    while (this.waiting.has(this.next));
+    this.waiting.set(this.next, new Waiter());
+    return this.next;
+  }
+
+  /** The ticket's request is answered (or went away): resumptions for it are dropped. @param {number} ticket */
+  close(ticket) {
+    this.waiting.delete(ticket);
   }
 
   /**
-   * Waits for the key the core asked for: the fetch of that relay in flight, or a new one. A
-   * fetch of that relay that ended after `mark` (the answer waited for its commit group
-   * meanwhile) is waited for no more: the request goes in again at once.
-   * @param {KeyFetch} fetch @param {number} mark
+   * The next resumption of a parked ticket: null when the core lost it (a trap, a commit that
+   * failed), so nothing was accepted.
+   * @param {number} ticket @returns {Promise<Resumed | null>}
    */
-  wait(fetch, mark) {
-    const { relay } = fetch;
-    let p = this.inFlight.get(relay);
-    if (!p && (this.endedAt.get(relay) ?? -1) >= mark) return Promise.resolve();
-    if (!p) {
-      p = this.get(fetch).then((o) => {
-        this.inFlight.delete(relay);
-        if (this.endedAt.size >= REMEMBERED) this.endedAt.clear();
-        this.endedAt.set(relay, this.ended++);
-        this.report(relay, o);
-      });
-      this.inFlight.set(relay, p);
+  resumption(ticket) {
+    return this.waiting.get(ticket)?.next() ?? Promise.resolve(null);
+  }
+
+  /**
+   * Starts the fetch a parked step names, if any, on its own: its report's resumptions reach
+   * their tickets.
+   * @param {Parked} parked
+   */
+  start(parked) {
+    const { getKey, keyFetched, getRoute, routeFetched } = this.host;
+    if (parked.key) {
+      const k = parked.key;
+      void getKey(k).then((o) => keyFetched(k.relay, o)).then((r) => this.deliver(r));
+    } else if (parked.route && getRoute && routeFetched) {
+      const w = parked.route;
+      void getRoute(w).then((o) => routeFetched(w.account, o)).then((r) => this.deliver(r));
     }
-    return p;
+  }
+
+  /**
+   * Hands each resumption to its ticket. When the report's group failed, each of them learns
+   * that nothing was accepted; an answer whose request is gone still has its effects run.
+   * @param {Report} report
+   */
+  deliver({ resumed, lost }) {
+    for (const r of resumed) {
+      const w = this.waiting.get(r.ticket);
+      if (w) w.push(lost ? null : r);
+      else if (!lost) this.host.run('step' in r ? ('status' in r.step ? r.step.effects : undefined) : r.frame.effects);
+    }
+  }
+
+  /** The core restarted (its parked requests are gone) or a report was lost: every waiting request is answered as uncommitted. */
+  dropAll() {
+    for (const w of this.waiting.values()) w.push(null);
   }
 }
 
 /**
- * A request through the core's rounds to its answer (or the session a WebSocket upgrade
- * belongs to). `call(round)` makes one call into the core; the host's parts carry out what
- * the core asks for.
- * @param {(round: number) => Promise<Step>} call
+ * A request through the core to its answer (or the session a WebSocket upgrade belongs to).
+ * `call(ticket)` makes the one call into the core; a parked request waits for its ticket's
+ * resumption while the fetch the core named runs.
+ * @param {(ticket: number) => Promise<Step>} call
  * @param {object} host
- * @param {KeyFetches} host.keys
- * @param {(route: RouteFetch) => Promise<void>} [host.route] a sibling shard's route (a sharded relay)
+ * @param {Parking} host.parking
  * @param {(path: string) => Promise<Answer>} host.backup writes the backup the operator asked for
  * @param {(events: Event[] | undefined) => void} host.run runs the answer's effects
  * @param {() => Answer} host.uncommitted the core's answer for a call that accepted nothing
  * @returns {Promise<Answer | {upgrade: Upgrade}>}
  */
 export async function answer(call, host) {
-  for (let round = 0; ; round += 1) {
-    const mark = host.keys.mark();
-    const s = await call(round);
-    if ('fetch' in s) {
-      await host.keys.wait(s.fetch, mark);
-      continue;
-    }
-    if ('route' in s && host.route) {
-      await host.route(s.route);
-      continue;
+  const ticket = host.parking.open();
+  try {
+    let s = await call(ticket);
+    while ('parked' in s) {
+      host.parking.start(s.parked);
+      const r = await host.parking.resumption(ticket);
+      if (r === null || !('step' in r)) return host.uncommitted();
+      s = r.step;
     }
     if ('upgrade' in s) return s;
     if ('backup' in s) return host.backup(s.backup);
@@ -93,6 +160,31 @@ export async function answer(call, host) {
     if (!('status' in s)) return host.uncommitted();
     host.run(s.effects);
     return s;
+  } finally {
+    host.parking.close(ticket);
+  }
+}
+
+/**
+ * A WebSocket text message through the core to its answer frame, as `answer` takes a request.
+ * @param {(ticket: number) => Frame | null} call the one call into the core (null: it trapped)
+ * @param {object} host
+ * @param {Parking} host.parking
+ * @param {() => string} host.uncommitted the core's frame for a message that accepted nothing
+ * @returns {Promise<Frame>}
+ */
+export async function answerFrame(call, host) {
+  const ticket = host.parking.open();
+  try {
+    let f = call(ticket);
+    while (f?.parked) {
+      host.parking.start(f.parked);
+      const r = await host.parking.resumption(ticket);
+      f = r !== null && 'frame' in r ? r.frame : null;
+    }
+    return f ?? { text: host.uncommitted() };
+  } finally {
+    host.parking.close(ticket);
   }
 }
 

@@ -15,13 +15,15 @@ export const EMPTY = new Uint8Array(0);
  * @typedef {{token: string, account: string, device_id: string, expires_at: number, expiry_close: {code: number, reason: string}}} Upgrade
  * @typedef {{relay: string, url: string, timeout_ms: number}} KeyFetch
  * @typedef {{account: string, shard: number, path: string, body: string}} RouteFetch
- * @typedef {Answer | {fetch: KeyFetch} | {upgrade: Upgrade} | {backup: string} | {route: RouteFetch}} Step
+ * @typedef {{key?: KeyFetch, route?: RouteFetch}} Parked the fetch a parked request needs started (neither: one under way brings it)
+ * @typedef {Answer | {parked: Parked} | {upgrade: Upgrade} | {backup: string}} Step
+ * @typedef {{text: string, close?: [number, string], effects?: Event[], parked?: Parked}} Frame
  * @typedef {{type: string, [field: string]: any}} Event
  */
 
 /**
- * A call's buffer read as a step: an answer, or what the core needs first (a relay's key, a
- * sibling shard's route), a WebSocket upgrade, or a backup to write.
+ * A call's buffer read as a step: an answer, a request parked in the core (with the fetch to
+ * start, if any), a WebSocket upgrade, or a backup to write.
  * @param {Uint8Array} bytes @returns {Step}
  */
 export function stepOf(bytes) {
@@ -32,9 +34,10 @@ export function stepOf(bytes) {
 }
 
 /**
- * A WebSocket message's answer read: the frame, and the close, effects or route the head names.
+ * A WebSocket message's answer read: the frame, and the close or effects the head names (or
+ * that it is parked: no frame yet).
  * @param {string} out
- * @returns {{text: string, close?: [number, string], effects?: Event[], route?: RouteFetch}}
+ * @returns {Frame}
  */
 export function frameOf(out) {
   const nl = out.indexOf('\n');
