@@ -276,7 +276,7 @@ async fn serve(
                     crate::outbound::start(&app, shard, need);
                 }
                 match waiting.as_mut() {
-                    Some(w) => match w.recv().await {
+                    Some(w) => match resumption(w).await {
                         Some(Resumption::Http(next)) => step = next,
                         // The core restarted or the report's commit failed: nothing was accepted.
                         _ => return native_response(transport::Response::uncommitted()),
@@ -314,6 +314,18 @@ async fn serve(
             Step::Backup(path) => return backup(&app, shard, path).await,
         }
     }
+}
+
+/// The next resumption of a request parked in the core, or none once it cannot come: the
+/// core restarted, the report's commit failed, or (a backstop, should a report that re-parked
+/// it be lost with a failed commit) no report reached it within the core's own bound on a
+/// parked request plus one exchange. None is answered as uncommitted: nothing was accepted.
+async fn resumption(w: &mut crate::guest::Waiting) -> Option<Resumption> {
+    let bound = transport::parking::PARK_ABANDONED + transport::MAX_EXCHANGE_MS;
+    tokio::time::timeout(std::time::Duration::from_millis(bound), w.recv())
+        .await
+        .ok()
+        .flatten()
 }
 
 /// `POST /admin/v1/backup {"path": FILE}` as the core accepted it: a consistent copy of the
@@ -488,7 +500,7 @@ async fn serve_socket(
                 crate::outbound::start(&app, shard, need);
             }
             answer = match waiting.as_mut() {
-                Some(w) => match w.recv().await {
+                Some(w) => match resumption(w).await {
                     Some(Resumption::Frame(a)) => a,
                     _ => crate::guest::uncommitted_answer(&text),
                 },
