@@ -197,12 +197,25 @@ export class Core {
    * @returns {Promise<Step>}
    */
   async grouped(f) {
-    if (!this.storage.durable || this.group.cap === 0) return this.#step(f, true);
+    const { out, committed } = await this.#inGroup(f);
+    return committed ? stepOf(out) : uncommitted();
+  }
+
+  /**
+   * Runs `f` in the open commit group (or alone, committing at once, when the storage cannot
+   * group commits): what it returned, held until its group committed, and whether it did
+   * (`out` is null when the call trapped: the group's writes went with the instance).
+   * @template T @param {(c: any) => T} f @returns {Promise<{out: T | null, committed: boolean}>}
+   */
+  async #inGroup(f) {
+    if (!this.storage.durable || this.group.cap === 0) {
+      const out = this.guard(f, null);
+      return { out, committed: out !== null };
+    }
     this.group.enter();
-    const reply = this.#step(f, false);
-    // The call trapped: the group's writes went with the instance, and its answers with them.
-    if (!this.group.open) return reply;
-    return (await this.group.hold(reply)) ?? uncommitted();
+    const out = this.#run(f, null);
+    if (out === null || !this.group.open) return { out: null, committed: false };
+    return { out, committed: (await this.group.hold(out)) !== null };
   }
 
   /** Commits the open group, then releases its answers (all `internal` if the commit failed). */
@@ -300,18 +313,10 @@ export class Core {
    * @returns {Promise<import('./kit/requests.js').Report>}
    */
   async keyFetched(relay, outcome, now) {
-    /** @type {import('./kit/requests.js').RawResumed[]} */
-    let raw = [];
-    const run = (/** @type {any} */ c) => (raw = c.keyFetched(relay, outcome, now));
-    if (!this.storage.durable || this.group.cap === 0) {
-      this.guard(run, null);
-      return { resumed: raw.map(resumedOf), lost: false };
-    }
-    this.group.enter();
+    const { out, committed } = await this.#inGroup((c) => c.keyFetched(relay, outcome, now));
     // A trap: the fresh instance has no parked requests, and the relay answers them all.
-    if (this.#run(run, null) === null || !this.group.open) return { resumed: [], lost: false };
-    const held = await this.group.hold(raw);
-    return { resumed: raw.map(resumedOf), lost: held === null };
+    if (out === null) return { resumed: [], lost: false };
+    return { resumed: out.map(resumedOf), lost: !committed };
   }
   /**
    * A WebSocket text message: the answer frame, and the close to follow it and effects, if

@@ -163,6 +163,15 @@ enum Flow<T> {
     Wait(Awaited, Option<Need>),
 }
 
+impl<T> Flow<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Flow<U> {
+        match self {
+            Flow::Done(t) => Flow::Done(f(t)),
+            Flow::Wait(a, start) => Flow::Wait(a, start),
+        }
+    }
+}
+
 /// A route a call waits for: `account`'s, held by sibling shard `shard`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteWanted {
@@ -336,35 +345,30 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
         for e in self.parking.take(awaited) {
             let round = e.round + 1;
             // Past its rounds a request may not wait again: what it would wait for is busy.
-            let bytes = match &e.waiter {
-                Waiter::Http(r) => parking::http_bytes(r),
-                Waiter::Frame { token, text, .. } => parking::frame_bytes(token, text),
-            };
-            let may_wait = (round as usize) < ROUNDS && self.parking.has_room(e.ticket, bytes);
-            let resumption = match e.waiter {
-                Waiter::Http(req) => match self.route_request(&req, may_wait, now) {
-                    Flow::Done(step) => Resumption::Step(step),
-                    Flow::Wait(awaited, start) => {
-                        self.park(e.ticket, Waiter::Http(req), awaited, round, now);
-                        Resumption::Step(Step::Parked(Parked { start }))
-                    }
-                },
+            let may_wait =
+                (round as usize) < ROUNDS && self.parking.has_room(e.ticket, e.waiter.bytes());
+            let flow = match &e.waiter {
+                Waiter::Http(req) => self.route_request(req, may_wait, now).map(Resumption::Step),
                 Waiter::Frame {
                     token,
                     origin,
                     text,
-                } => match self.frame(&token, origin.as_deref(), &text, may_wait, now) {
-                    Flow::Done(a) => Resumption::Frame(a),
-                    Flow::Wait(awaited, start) => {
-                        let waiter = Waiter::Frame {
-                            token,
-                            origin,
-                            text,
-                        };
-                        self.park(e.ticket, waiter, awaited, round, now);
-                        Resumption::Frame(waiting_answer(Parked { start }))
-                    }
-                },
+                } => self
+                    .frame(token, origin.as_deref(), text, may_wait, now)
+                    .map(Resumption::Frame),
+            };
+            let resumption = match flow {
+                Flow::Done(r) => r,
+                // Parked again under the same ticket, as the kind of request it is.
+                Flow::Wait(awaited, start) => {
+                    let parked = Parked { start };
+                    let r = match &e.waiter {
+                        Waiter::Http(_) => Resumption::Step(Step::Parked(parked)),
+                        Waiter::Frame { .. } => Resumption::Frame(waiting_answer(parked)),
+                    };
+                    self.park(e.ticket, e.waiter, awaited, round, now);
+                    r
+                }
             };
             out.push(Resumed {
                 ticket: e.ticket,

@@ -80,7 +80,8 @@ pub(crate) enum Waiter {
 }
 
 impl Waiter {
-    fn bytes(&self) -> usize {
+    /// What parking it costs in [`MAX_PARKED_BYTES`].
+    pub(crate) fn bytes(&self) -> usize {
         match self {
             Waiter::Http(r) => http_bytes(r),
             Waiter::Frame { token, text, .. } => frame_bytes(token, text),
