@@ -167,3 +167,40 @@ impl Parking {
         self.entries.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(ticket: u32, len: usize) -> Entry {
+        Entry {
+            ticket,
+            waiter: Waiter::Frame {
+                token: "tok".into(),
+                origin: None,
+                text: "x".repeat(len),
+            },
+            awaited: Awaited::Route("acc".into()),
+            round: 0,
+            since: 0,
+        }
+    }
+
+    #[test]
+    fn the_parked_bytes_are_bounded_and_freed_when_taken() {
+        let mut p = Parking::default();
+        let big = 1 << 20;
+        let mut t = 0;
+        while p.has_room(t, frame_bytes("tok", &"x".repeat(big))) {
+            p.park(frame(t, big));
+            t += 1;
+        }
+        // Far below MAX_PARKED entries, the bytes ran out: 32 frames of 1 MiB do not fit.
+        assert_eq!(t as usize, MAX_PARKED_BYTES / (big + ENTRY_OVERHEAD + 3));
+        assert!(p.has_room(t, frame_bytes("tok", "small")));
+        // Taking them out gives their bytes back.
+        assert_eq!(p.take(&Awaited::Route("acc".into())).len(), t as usize);
+        assert!(p.has_room(t, frame_bytes("tok", &"x".repeat(big))));
+        assert_eq!(p.len(), 0);
+    }
+}
