@@ -1,7 +1,7 @@
 //! relay-core as a WebAssembly component: wit-bindgen glue and nothing else.
 //!
 //! Built for `wasm32-unknown-unknown` and encoded as a component by
-//! `xtask component`; it imports only `relay:core/host` (storage, logging,
+//! `xtask component`; it imports only `relay:core/host` (each relay's store, logging,
 //! entropy), never WASI, so the host grants it no ambient authority.
 
 #[cfg(target_arch = "wasm32")]
@@ -12,27 +12,26 @@ mod guest {
         wit_bindgen::generate!({ world: "core", path: "../wit" });
     }
 
-    use bindings::exports::relay::core::relay::Guest;
+    use bindings::exports::relay::core::relay as exported;
     use bindings::relay::core::host;
     use bindings::relay::core::types as t;
     use relay_core::engine::{self, Caller, Config, Engine, Entropy, OpenError};
     use relay_core::engine::{Storage, StorageError};
     use relay_core::transport::{
-        self, http, socket, Event, Fetch, Listener, Need, Parked, Relay, Request, Resumed,
-        Resumption, Step,
+        self, http, Event, Fetch, Listener, Need, Parked, Relay, Request, Resumed, Resumption, Step,
     };
     use relay_core::wire::crypto::Crypto;
     use relay_core::wire::identity::RelayId;
     use relay_core::wire::signature::SignatureError;
-    use relay_core::{Error, ErrorCode};
+    use relay_core::ErrorCode;
     use std::cell::RefCell;
 
-    /// The host's storage, through the `host` import.
-    struct HostStorage;
+    /// A relay's storage: the `store` resource the host opened for it.
+    struct HostStorage(host::Store);
 
     impl Storage for HostStorage {
         fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-            host::storage_get(key).map_err(StorageError)
+            self.0.get(key).map_err(StorageError)
         }
         fn scan(
             &mut self,
@@ -41,7 +40,8 @@ mod guest {
             limit: usize,
         ) -> Result<Vec<engine::storage::Entry>, StorageError> {
             let limit = u32::try_from(limit).unwrap_or(u32::MAX);
-            host::storage_scan(start, end, limit)
+            self.0
+                .scan(start, end, limit)
                 .map(|rows| rows.into_iter().map(|e| (e.key, e.value)).collect())
                 .map_err(StorageError)
         }
@@ -50,7 +50,7 @@ mod guest {
                 .into_iter()
                 .map(|(key, value)| host::Write { key, value })
                 .collect();
-            host::storage_commit(&writes).map_err(StorageError)
+            self.0.commit(&writes).map_err(StorageError)
         }
     }
 
@@ -88,22 +88,6 @@ mod guest {
                 *d = s;
             }
         }
-    }
-
-    thread_local! {
-        static RELAY: RefCell<Option<Relay<HostStorage, HostEntropy>>> = const { RefCell::new(None) };
-    }
-
-    const NOT_READY: &str = "component not initialized";
-
-    fn with<R>(
-        f: impl FnOnce(&mut Relay<HostStorage, HostEntropy>) -> R,
-        otherwise: impl FnOnce() -> R,
-    ) -> R {
-        RELAY.with(|s| match s.borrow_mut().as_mut() {
-            Some(relay) => f(relay),
-            None => otherwise(),
-        })
     }
 
     fn caller(c: t::Caller) -> Caller {
@@ -284,37 +268,29 @@ mod guest {
         }
     }
 
+    /// One relay over the host's store; the component model never re-enters a guest, so the
+    /// cell is never borrowed twice.
+    type Core = Relay<HostStorage, HostEntropy>;
+
     fn call(
+        relay: &mut Core,
         c: t::Caller,
         origin: Option<&str>,
         method: &str,
         params: Vec<u8>,
         now: u64,
     ) -> t::Reply {
-        with(
-            |relay| {
-                let r = relay
-                    .engine()
-                    .call_from(&caller(c), origin, method, &params, now);
-                let (status, body) = (r.http_status(), r.body());
-                let error = r.result.as_ref().err().map(|e| error_code(e.code));
-                t::Reply {
-                    status,
-                    body,
-                    error,
-                    events: events(relay.events(r.effects, now)),
-                }
-            },
-            || {
-                let r = http::Response::error(&Error::new(ErrorCode::Internal, NOT_READY));
-                t::Reply {
-                    status: r.status,
-                    body: r.body,
-                    error: Some(t::ErrorCode::Internal),
-                    events: Vec::new(),
-                }
-            },
-        )
+        let r = relay
+            .engine()
+            .call_from(&caller(c), origin, method, &params, now);
+        let (status, body) = (r.http_status(), r.body());
+        let error = r.result.as_ref().err().map(|e| error_code(e.code));
+        t::Reply {
+            status,
+            body,
+            error,
+            events: events(relay.events(r.effects, now)),
+        }
     }
 
     /// The WIT's error-code for the core's: one arm per code, so a new code fails to compile here.
@@ -340,19 +316,33 @@ mod guest {
         }
     }
 
+    /// The exported `relay` resource.
+    struct RelayResource(RefCell<Core>);
+
+    impl RelayResource {
+        fn with<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+            f(&mut self.0.borrow_mut())
+        }
+    }
+
     struct Component;
 
-    impl Guest for Component {
-        fn init(
+    impl exported::Guest for Component {
+        type Relay = RelayResource;
+    }
+
+    impl exported::GuestRelay for RelayResource {
+        fn open(
+            store: host::Store,
             config: String,
             relay_seed: Vec<u8>,
             operator_token: Option<String>,
-        ) -> Result<(), t::Error> {
+        ) -> Result<exported::Relay, t::Error> {
             let config = Config::from_json(config.as_bytes()).map_err(t::Error::BadConfig)?;
             let seed: [u8; 32] = relay_seed
                 .try_into()
                 .map_err(|_| t::Error::BadConfig("relay seed must be 32 bytes".to_string()))?;
-            let mut engine = Engine::new(config, HostStorage, HostEntropy);
+            let mut engine = Engine::new(config, HostStorage(store), HostEntropy);
             // Before anything reads the store: a store written by a newer relay is refused.
             engine.open_store().map_err(|e| match e {
                 OpenError::Storage(m) => t::Error::Storage(m),
@@ -361,65 +351,42 @@ mod guest {
             // The engine's own crypto, through the host's native functions where it offers them.
             engine.set_crypto(Crypto::with_host(Some(host_verify), Some(host_sha256)));
             let relay = Relay::new(engine, &seed, operator_token.as_deref());
-            RELAY.with(|s| *s.borrow_mut() = Some(relay));
-            host::log(host::Level::Info, "relay core component initialized");
-            Ok(())
+            host::log(host::Level::Info, "relay opened");
+            Ok(exported::Relay::new(RelayResource(RefCell::new(relay))))
         }
-        fn handle(request: t::HttpRequest, ticket: u32, now: u64) -> t::Step {
+        fn handle(&self, request: t::HttpRequest, ticket: u32, now: u64) -> t::Step {
             let req = request_of(request);
-            step(with(
-                |relay| relay.handle(&req, ticket, now),
-                || Step::Respond(http::Response::fail(ErrorCode::Internal, NOT_READY)),
-            ))
+            step(self.with(|relay| relay.handle(&req, ticket, now)))
         }
-        fn route_fetched(account: String, f: t::Fetch, now: u64) -> Vec<t::Resumed> {
-            resumed(with(|r| r.route_fetched(&account, fetch(f), now), Vec::new))
+        fn route_fetched(&self, account: String, f: t::Fetch, now: u64) -> Vec<t::Resumed> {
+            resumed(self.with(|r| r.route_fetched(&account, fetch(f), now)))
         }
-        fn shard_of(request: t::HttpRequest, count: u32) -> u32 {
+        fn shard_of(&self, request: t::HttpRequest, count: u32) -> u32 {
             transport::placement::shard_of(&request_of(request), count)
         }
         fn message(
+            &self,
             token: String,
             origin: Option<String>,
             text: String,
             ticket: u32,
             now: u64,
         ) -> t::WsAnswer {
-            ws_answer(with(
-                |relay| relay.message(&token, origin.as_deref(), &text, ticket, now),
-                || transport::Answer {
-                    text: socket::answer_frame(
-                        socket::frame_id(&text),
-                        500,
-                        &http::Response::fail(ErrorCode::Internal, NOT_READY).body,
-                    ),
-                    close: None,
-                    effects: Vec::new(),
-                    parked: None,
-                },
-            ))
+            ws_answer(
+                self.with(|relay| relay.message(&token, origin.as_deref(), &text, ticket, now)),
+            )
         }
-        fn key_fetched(relay: String, f: t::Fetch, now: u64) -> Vec<t::Resumed> {
-            resumed(with(|r| r.key_fetched(&relay, fetch(f), now), Vec::new))
+        fn key_fetched(&self, relay: String, f: t::Fetch, now: u64) -> Vec<t::Resumed> {
+            resumed(self.with(|r| r.key_fetched(&relay, fetch(f), now)))
         }
-        fn sibling(url: String, body: Vec<u8>, now: u64) -> t::HttpResponse {
-            response(with(
-                |relay| relay.sibling(&url, &body, now),
-                || http::Response::fail(ErrorCode::Internal, NOT_READY),
-            ))
+        fn sibling(&self, url: String, body: Vec<u8>, now: u64) -> t::HttpResponse {
+            response(self.with(|relay| relay.sibling(&url, &body, now)))
         }
-        fn fetched(task: String, attempt: u32, f: t::Fetch, now: u64) -> Vec<t::Event> {
-            events(with(|r| r.fetched(&task, attempt, fetch(f), now), Vec::new))
+        fn fetched(&self, task: String, attempt: u32, f: t::Fetch, now: u64) -> Vec<t::Event> {
+            events(self.with(|r| r.fetched(&task, attempt, fetch(f), now)))
         }
-        fn tick(now: u64) -> t::TickReport {
-            let r = with(
-                |relay| relay.tick(now),
-                || transport::Tick {
-                    events: Vec::new(),
-                    quarantined: Vec::new(),
-                    error: Some(NOT_READY.to_string()),
-                },
-            );
+        fn tick(&self, now: u64) -> t::TickReport {
+            let r = self.with(|relay| relay.tick(now));
             if let Some(e) = &r.error {
                 host::log(host::Level::Error, &format!("tick: {e}"));
             }
@@ -436,40 +403,38 @@ mod guest {
                 error: r.error,
             }
         }
-        fn send(c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            call(c, None, "message.send", params, now)
+        fn send(&self, c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
+            self.with(|r| call(r, c, None, "message.send", params, now))
         }
-        fn deliver(c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            call(c, None, "message.deliver", params, now)
+        fn deliver(&self, c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
+            self.with(|r| call(r, c, None, "message.deliver", params, now))
         }
-        fn status(c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            call(c, None, "message.delivery.status", params, now)
+        fn status(&self, c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
+            self.with(|r| call(r, c, None, "message.delivery.status", params, now))
         }
-        fn sync(c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            call(c, None, "message.timeline.sync", params, now)
+        fn sync(&self, c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
+            self.with(|r| call(r, c, None, "message.timeline.sync", params, now))
         }
         fn call(
+            &self,
             c: t::Caller,
             origin: Option<String>,
             method: String,
             params: Vec<u8>,
             now: u64,
         ) -> t::Reply {
-            call(c, origin.as_deref(), &method, params, now)
+            self.with(|r| call(r, c, origin.as_deref(), &method, params, now))
         }
-        fn well_known() -> Vec<u8> {
-            with(|r| r.well_known(), Vec::new)
+        fn well_known(&self) -> Vec<u8> {
+            self.with(|r| r.well_known())
         }
-        fn metrics(now: u64) -> Result<String, t::Error> {
-            with(
-                |r| {
-                    r.engine()
-                        .metrics(now)
-                        .map(|m| m.to_prometheus())
-                        .map_err(|e| t::Error::Storage(format!("reading the metrics: {e}")))
-                },
-                || Err(t::Error::NotReady),
-            )
+        fn metrics(&self, now: u64) -> Result<String, t::Error> {
+            self.with(|r| {
+                r.engine()
+                    .metrics(now)
+                    .map(|m| m.to_prometheus())
+                    .map_err(|e| t::Error::Storage(format!("reading the metrics: {e}")))
+            })
         }
     }
 

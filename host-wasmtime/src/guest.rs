@@ -6,12 +6,23 @@ use relay_core::engine::{Storage, StorageError};
 use relay_core::wire::preverify::Memory as Preverify;
 use std::path::Path;
 use std::sync::Arc;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, Linker, Resource, ResourceAny};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+
+/// One relay's storage as this host holds it.
+pub type RelayStore = Grouped<AnyStore>;
+
+/// What a `store` resource names: a slot of [`HostState`]'s stores. (wasmtime's
+/// `ResourceTable` would need the storage to be `Send`, and the in-memory store is not.)
+pub struct StoreSlot;
 
 /// The bindings of the `core` world (its struct is named `Core`, as the host's own is).
 mod wit {
-    wasmtime::component::bindgen!({ world: "core", path: "../wit" });
+    wasmtime::component::bindgen!({
+        world: "core",
+        path: "../wit",
+        with: { "relay:core/host.store": super::StoreSlot },
+    });
 }
 
 pub use relay::core::types::{
@@ -27,7 +38,7 @@ pub type Waiter = tokio::sync::mpsc::UnboundedSender<Resumption>;
 pub type Waiting = tokio::sync::mpsc::UnboundedReceiver<Resumption>;
 /// A resumption to hand to its waiter once the call that made it is durable.
 pub type Delivery = (Waiter, Resumption);
-use wit::exports::relay::core::relay::Guest;
+use wit::exports::relay::core::relay::GuestRelay;
 use wit::relay;
 use wit::relay::core::host;
 use wit::Core as CoreWorld;
@@ -56,7 +67,9 @@ const MEMORY_LIMIT: usize = 512 << 20;
 
 /// What the guest's imports reach.
 pub struct HostState {
-    store: Grouped<AnyStore>,
+    /// The stores this host opened, each a `store` resource (its index) a relay holds. A
+    /// store stays here when the guest drops its handle: the host takes it back from here.
+    stores: Vec<Option<RelayStore>>,
     limits: StoreLimits,
     /// Decline every verification, so the core uses its own (`RELAY_OWN_VERIFY=1`, for measuring).
     own_verify: bool,
@@ -81,32 +94,83 @@ impl HostState {
             e.0
         })
     }
+
+    /// Nothing opened yet; memory bounded by `limits`.
+    fn new(limits: StoreLimits) -> HostState {
+        let tuning = relay_settings::tuning();
+        HostState {
+            stores: Vec::new(),
+            limits,
+            own_verify: tuning.own_verify,
+            own_sha256: tuning.own_sha256,
+            pre: None,
+            sending: None,
+            storage_errors: 0,
+            faults: None,
+        }
+    }
+
+    /// The store in slot `rep`; an error (never a panic) for a handle this host never made.
+    fn store(&mut self, rep: u32) -> Result<&mut RelayStore, StorageError> {
+        self.stores
+            .get_mut(rep as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| StorageError(format!("no store {rep}")))
+    }
+
+    /// Opens a store for a relay: its `store` resource.
+    fn open_store(&mut self, store: RelayStore) -> Resource<StoreSlot> {
+        self.stores.push(Some(store));
+        Resource::new_own((self.stores.len() - 1) as u32)
+    }
+
+    /// The storage in slot `rep`, taken back (the instance is done with it).
+    fn take_store(mut self, rep: u32) -> RelayStore {
+        self.stores
+            .get_mut(rep as usize)
+            .and_then(Option::take)
+            .expect("a store stays in its slot until the host takes it back")
+    }
 }
 
-impl host::Host for HostState {
-    fn storage_get(&mut self, key: Vec<u8>) -> Result<Option<Vec<u8>>, String> {
-        let r = self.store.get(&key);
+impl host::HostStore for HostState {
+    fn get(&mut self, store: Resource<StoreSlot>, key: Vec<u8>) -> Result<Option<Vec<u8>>, String> {
+        let r = self.store(store.rep()).and_then(|s| s.get(&key));
         self.counted(r)
     }
-    fn storage_scan(
+    fn scan(
         &mut self,
+        store: Resource<StoreSlot>,
         start: Vec<u8>,
         end: Vec<u8>,
         limit: u32,
     ) -> Result<Vec<host::Entry>, String> {
-        let r = self.store.scan(&start, &end, limit as usize).map(|rows| {
+        let r = self
+            .store(store.rep())
+            .and_then(|s| s.scan(&start, &end, limit as usize));
+        let r = r.map(|rows| {
             rows.into_iter()
                 .map(|(key, value)| host::Entry { key, value })
                 .collect()
         });
         self.counted(r)
     }
-    fn storage_commit(&mut self, writes: Vec<host::Write>) -> Result<(), String> {
-        let r = self
-            .store
-            .commit(writes.into_iter().map(|w| (w.key, w.value)).collect());
+    fn commit(
+        &mut self,
+        store: Resource<StoreSlot>,
+        writes: Vec<host::Write>,
+    ) -> Result<(), String> {
+        let batch = writes.into_iter().map(|w| (w.key, w.value)).collect();
+        let r = self.store(store.rep()).and_then(|s| s.commit(batch));
         self.counted(r)
     }
+    /// The relay let go of its store: the storage stays in its slot, the host's to take back.
+    fn drop(&mut self, _store: Resource<StoreSlot>) -> wasmtime::Result<()> {
+        Ok(())
+    }
+}
+
+impl host::Host for HostState {
     fn log(&mut self, level: host::Level, message: String) {
         match level {
             host::Level::Debug => tracing::debug!(target: "relay::core", "{message}"),
@@ -176,10 +240,15 @@ pub fn native_verdict(key: &[u8], message: &[u8], signature: &[u8]) -> host::Ver
 
 pub use host::Verdict;
 
-/// An instance of the component and the wasmtime store that holds it (and the storage).
+/// An instance of the component, the wasmtime store that holds it (and the storage), and
+/// the one relay this host opens in it.
 struct Live {
     store: Store<HostState>,
     instance: CoreWorld,
+    /// The relay resource `open` returned.
+    relay: ResourceAny,
+    /// The `store` resource (its table entry) holding the relay's storage.
+    store_rep: u32,
 }
 
 /// A loaded, initialized core instance.
@@ -195,7 +264,7 @@ pub struct Core {
     live: Option<Live>,
     /// The storage, held here once no instance holds it: only the open group is still
     /// flushed; nothing enters the guest again.
-    orphaned: Option<Grouped<AnyStore>>,
+    orphaned: Option<RelayStore>,
     /// Traps of the guest.
     pub traps: u64,
     /// Fresh instances started over the storage after a trap.
@@ -246,48 +315,42 @@ fn instantiate(
     engine: &Engine,
     component: &Component,
     linker: &Linker<HostState>,
-    store: Grouped<AnyStore>,
+    store: RelayStore,
     config_json: &str,
     seed: &[u8; 32],
     operator_token: Option<&str>,
-) -> Result<Live, (wasmtime::Error, Box<Grouped<AnyStore>>)> {
+) -> Result<Live, (wasmtime::Error, Box<RelayStore>)> {
     let limits = StoreLimitsBuilder::new()
         .memory_size(MEMORY_LIMIT)
         .instances(16)
         .trap_on_grow_failure(true)
         .build();
-    let tuning = relay_settings::tuning();
-    let (own_verify, own_sha256) = (tuning.own_verify, tuning.own_sha256);
-    let mut s = Store::new(
-        engine,
-        HostState {
-            store,
-            limits,
-            own_verify,
-            own_sha256,
-            pre: None,
-            sending: None,
-            storage_errors: 0,
-            faults: None,
-        },
-    );
+    let mut s = Store::new(engine, HostState::new(limits));
     s.limiter(|h| &mut h.limits);
-    let start = |s: &mut Store<HostState>| -> wasmtime::Result<CoreWorld> {
+    let handle = s.data_mut().open_store(store);
+    let store_rep = handle.rep();
+    let start = |s: &mut Store<HostState>| -> wasmtime::Result<(CoreWorld, ResourceAny)> {
         // Metered engines only: elsewhere there is no fuel to set (`get_fuel` says so).
         if s.get_fuel().is_ok() {
             s.set_fuel(FUEL_PER_CALL)?;
         }
         s.set_epoch_deadline(u64::MAX / 2);
         let instance = CoreWorld::instantiate(&mut *s, component, linker)?;
-        instance
+        let relay = instance
             .relay_core_relay()
-            .call_init(&mut *s, config_json, seed, operator_token)?
-            .map_err(|e| wasmtime::format_err!("core init: {}", init_error(e)))?;
-        Ok(instance)
+            .relay()
+            .call_open(&mut *s, handle, config_json, seed, operator_token)?
+            .map_err(|e| wasmtime::format_err!("core open: {}", init_error(e)))?;
+        Ok((instance, relay))
     };
     match start(&mut s) {
-        Ok(instance) => Ok(Live { store: s, instance }),
-        Err(e) => Err((e, Box::new(s.into_data().store))),
+        Ok((instance, relay)) => Ok(Live {
+            store: s,
+            instance,
+            relay,
+            store_rep,
+        }),
+        Err(e) => Err((e, Box::new(s.into_data().take_store(store_rep)))),
     }
 }
 
@@ -350,7 +413,7 @@ impl Core {
     /// same storage. `None` after a trap, and for every call once no instance could be made.
     fn guarded<R>(
         &mut self,
-        f: impl FnOnce(&Guest, &mut Store<HostState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(GuestRelay, ResourceAny, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Option<R> {
         let live = self.live.as_mut()?;
         // Without metering, asking for fuel is an error built per call: not on this path.
@@ -358,7 +421,11 @@ impl Core {
             let _ = live.store.set_fuel(FUEL_PER_CALL);
         }
         live.store.set_epoch_deadline(crate::EPOCHS_PER_CALL);
-        let r = f(live.instance.relay_core_relay(), &mut live.store);
+        let r = f(
+            live.instance.relay_core_relay().relay(),
+            live.relay,
+            &mut live.store,
+        );
         if self.metered {
             let left = live.store.get_fuel().unwrap_or(FUEL_PER_CALL);
             self.fuel_spent += FUEL_PER_CALL.saturating_sub(left);
@@ -388,7 +455,7 @@ impl Core {
         self.waiting.clear();
         // The trapped instance (and its memory) goes first; its uncommitted writes died with
         // it, and the storage, with the open group's earlier writes, is intact.
-        let store = old.store.into_data().store;
+        let store = old.store.into_data().take_store(old.store_rep);
         match instantiate(
             &self.engine,
             &self.component,
@@ -421,9 +488,15 @@ impl Core {
     }
 
     /// The storage, wherever it is held.
-    fn storage(&mut self) -> &mut Grouped<AnyStore> {
+    fn storage(&mut self) -> &mut RelayStore {
         match (&mut self.live, &mut self.orphaned) {
-            (Some(live), _) => &mut live.store.data_mut().store,
+            (Some(live), _) => {
+                let rep = live.store_rep;
+                live.store
+                    .data_mut()
+                    .store(rep)
+                    .expect("the relay's store stays in its slot")
+            }
             (None, Some(store)) => store,
             (None, None) => unreachable!("the storage is held by the instance or the core"),
         }
@@ -467,12 +540,12 @@ impl Core {
             _ => None,
         };
         // The four methods of the seed go through their typed exports; the rest by name.
-        self.hinted(sending, |i, s| match method {
-            "message.send" => i.call_send(s, caller, params, now),
-            "message.deliver" => i.call_deliver(s, caller, params, now),
-            "message.delivery.status" => i.call_status(s, caller, params, now),
-            "message.timeline.sync" => i.call_sync(s, caller, params, now),
-            _ => i.call_call(s, caller, None, method, params, now),
+        self.hinted(sending, |i, r, s| match method {
+            "message.send" => i.call_send(s, r, caller, params, now),
+            "message.deliver" => i.call_deliver(s, r, caller, params, now),
+            "message.delivery.status" => i.call_status(s, r, caller, params, now),
+            "message.timeline.sync" => i.call_sync(s, r, caller, params, now),
+            _ => i.call_call(s, r, caller, None, method, params, now),
         })
         .unwrap_or_else(internal_reply)
     }
@@ -481,7 +554,7 @@ impl Core {
     fn hinted<R>(
         &mut self,
         token: Option<&str>,
-        f: impl FnOnce(&Guest, &mut Store<HostState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(GuestRelay, ResourceAny, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Option<R> {
         let sending = token.filter(|_| self.pre.is_some()).map(str::to_string);
         if let Some(live) = &mut self.live {
@@ -525,7 +598,7 @@ impl Core {
     ) -> (Step, Option<Waiting>) {
         let ticket = self.ticket();
         let step = self
-            .hinted(sending, |i, s| i.call_handle(s, req, ticket, now))
+            .hinted(sending, |i, r, s| i.call_handle(s, r, req, ticket, now))
             .unwrap_or_else(|| Step::Respond(uncommitted_response()));
         let wait = self.parked(ticket, matches!(step, Step::Parked(_)));
         (step, wait)
@@ -543,8 +616,8 @@ impl Core {
     ) -> (WsAnswer, Option<Waiting>) {
         let ticket = self.ticket();
         let answer = self
-            .hinted(sending.then_some(token), |i, s| {
-                i.call_message(s, token, origin, text, ticket, now)
+            .hinted(sending.then_some(token), |i, r, s| {
+                i.call_message(s, r, token, origin, text, ticket, now)
             })
             .unwrap_or_else(|| uncommitted_answer(text));
         let wait = self.parked(ticket, answer.parked.is_some());
@@ -554,21 +627,21 @@ impl Core {
     /// A send event of a sibling shard that names this core (its url and body), run as the
     /// relay's own call. After a trap, the `internal` answer: nothing was accepted.
     pub fn sibling(&mut self, url: &str, body: &[u8], now: u64) -> HttpResponse {
-        self.guarded(|i, s| i.call_sibling(s, url, body, now))
+        self.guarded(|i, r, s| i.call_sibling(s, r, url, body, now))
             .unwrap_or_else(uncommitted_response)
     }
 
     /// Reports what became of a key fetch the core named: the parked requests it answers,
     /// for the host to hand over once this call is durable.
     pub fn key_fetched(&mut self, relay: &str, fetch: &Fetch, now: u64) -> Vec<Delivery> {
-        let resumed = self.guarded(|i, s| i.call_key_fetched(s, relay, fetch, now));
+        let resumed = self.guarded(|i, r, s| i.call_key_fetched(s, r, relay, fetch, now));
         self.deliveries(resumed.unwrap_or_default())
     }
 
     /// Reports what a sibling shard answered to a route fetch the core named; as
     /// [`Core::key_fetched`].
     pub fn route_fetched(&mut self, account: &str, fetch: &Fetch, now: u64) -> Vec<Delivery> {
-        let resumed = self.guarded(|i, s| i.call_route_fetched(s, account, fetch, now));
+        let resumed = self.guarded(|i, r, s| i.call_route_fetched(s, r, account, fetch, now));
         self.deliveries(resumed.unwrap_or_default())
     }
 
@@ -602,7 +675,7 @@ impl Core {
         now: u64,
     ) -> Result<Vec<Event>, String> {
         let before = self.storage_errors();
-        match self.guarded(|i, s| i.call_fetched(s, task, attempt, fetch, now)) {
+        match self.guarded(|i, r, s| i.call_fetched(s, r, task, attempt, fetch, now)) {
             None => Err("the core trapped".into()),
             Some(_) if self.storage_errors() != before => Err("the storage failed".into()),
             Some(e) => Ok(e),
@@ -617,12 +690,12 @@ impl Core {
             .as_ref()
             .is_some_and(|f| f.trap_ticks.load(std::sync::atomic::Ordering::Relaxed));
         let before = self.storage_errors();
-        let mut r = self.guarded(|i, s| {
+        let mut r = self.guarded(|i, relay, s| {
             if trap {
                 // The deadline has passed before the tick starts: a real epoch trap.
                 s.set_epoch_deadline(0);
             }
-            i.call_tick(s, now)
+            i.call_tick(s, relay, now)
         })?;
         if self.storage_errors() != before && r.error.is_none() {
             r.error = Some("the storage failed during the tick".into());
@@ -640,7 +713,7 @@ impl Core {
     /// The engine's own counts in the Prometheus text format; an error if the store could
     /// not be read or the core has failed.
     pub fn metrics(&mut self, now: u64) -> Result<String, String> {
-        match self.guarded(|i, s| i.call_metrics(s, now)) {
+        match self.guarded(|i, r, s| i.call_metrics(s, r, now)) {
             Some(r) => r.map_err(init_error),
             None => Err("the relay core failed".into()),
         }
@@ -660,7 +733,7 @@ impl Core {
 
     /// The `/.well-known/relay` document.
     pub fn well_known(&mut self) -> Vec<u8> {
-        self.guarded(|i, s| i.call_well_known(s))
+        self.guarded(|i, r, s| i.call_well_known(s, r))
             .unwrap_or_default()
     }
 }
@@ -669,7 +742,6 @@ impl Core {
 fn init_error(e: Error) -> String {
     match e {
         Error::BadConfig(m) | Error::RefusedStore(m) | Error::Storage(m) => m,
-        Error::NotReady => "the relay core is not initialized".into(),
     }
 }
 
@@ -858,6 +930,76 @@ mod tests {
         );
         drop(again);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The WIT's `relay` is a resource: one instance holds two relays, each over its own
+    /// store with its own config and key, and what one stores the other never sees.
+    #[test]
+    fn one_instance_holds_two_relays_each_over_its_own_store() {
+        let engine = wasm_engine().unwrap();
+        let path = crate::settings::component_path(&Default::default());
+        let component = Component::from_file(&engine, &path).expect("the built component");
+        let mut linker = Linker::new(&engine);
+        CoreWorld::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s).unwrap();
+        let mut s = Store::new(&engine, HostState::new(StoreLimitsBuilder::new().build()));
+        s.set_epoch_deadline(u64::MAX / 2);
+        let instance = CoreWorld::instantiate(&mut s, &component, &linker).unwrap();
+        let api = instance.relay_core_relay().relay();
+        let open = |s: &mut Store<HostState>, url: &str, seed: u8| {
+            let config = relay_core::engine::Config::new(
+                relay_core::wire::identity::RelayId::parse(url).unwrap(),
+                "dev",
+            );
+            let store = s
+                .data_mut()
+                .open_store(Grouped::new(AnyStore::Memory(Default::default())));
+            let config = String::from_utf8(config.to_json()).unwrap();
+            api.call_open(&mut *s, store, &config, &[seed; 32], None)
+                .unwrap()
+                .expect("the relay opens")
+        };
+        let a = open(&mut s, RELAY, 1);
+        let b = open(&mut s, "http://127.0.0.1:2", 2);
+        let now = crate::now_ms();
+        let call = |s: &mut Store<HostState>, relay, method: &str, params: &[u8]| {
+            api.call_call(
+                &mut *s,
+                relay,
+                &Caller::Anonymous,
+                None,
+                method,
+                params,
+                now,
+            )
+            .unwrap()
+        };
+        let (register, account) = registration();
+        assert_eq!(call(&mut s, a, "account.register", &register).status, 200);
+        let get = format!(r#"{{"account":"{account}"}}"#);
+        assert_eq!(call(&mut s, a, "route.get", get.as_bytes()).status, 200);
+        let r = call(&mut s, b, "route.get", get.as_bytes());
+        assert_eq!(
+            (r.status, r.error),
+            (404, Some(ErrorCode::NotFound)),
+            "the other relay's store never saw the account"
+        );
+        let known = |s: &mut Store<HostState>, relay| {
+            String::from_utf8(api.call_well_known(&mut *s, relay).unwrap()).unwrap()
+        };
+        let (ka, kb) = (known(&mut s, a), known(&mut s, b));
+        assert!(
+            ka.contains("127.0.0.1:1") && kb.contains("127.0.0.1:2"),
+            "{ka} {kb}"
+        );
+        // A bad config is the typed error, and opens nothing.
+        let store = s
+            .data_mut()
+            .open_store(Grouped::new(AnyStore::Memory(Default::default())));
+        let e = api
+            .call_open(&mut s, store, "{", &[3; 32], None)
+            .unwrap()
+            .expect_err("a bad config is refused");
+        assert!(matches!(e, Error::BadConfig(_)), "{e:?}");
     }
 
     #[test]

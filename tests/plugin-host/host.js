@@ -11,29 +11,51 @@ import path from 'node:path';
 /** Keys as hex: string order of hex is byte order, as the core's scans need. */
 const hex = (b) => Buffer.from(b).toString('hex');
 
-/** The `relay:core/host` interface: storage, logging, entropy, and crypto left to the core. */
-function hostInterface(store, logs) {
-  return {
-    storageGet: (key) => store.get(hex(key))?.[1],
-    storageScan(start, end, limit) {
-      const [lo, hi] = [hex(start), hex(end)];
-      const keys = [...store.keys()].filter((k) => k >= lo && k < hi).sort();
-      return keys.slice(0, limit).map((k) => ({ key: store.get(k)[0], value: store.get(k)[1] }));
-    },
-    // All of the writes or none: they are applied only after every one was read.
-    storageCommit(writes) {
-      const staged = writes.map((w) => [hex(w.key), w.key, w.value]);
-      for (const [k, key, value] of staged) {
-        if (value === undefined) store.delete(k);
-        else store.set(k, [key, value]);
-      }
-    },
-    log: (level, message) => logs.push(`${level}: ${message}`),
-    entropy: (len) => crypto.getRandomValues(new Uint8Array(len)),
-    // `declined`/`undefined`: the core verifies and hashes with its own code.
-    verifyEd25519: () => 'declined',
-    sha256: () => undefined,
-  };
+/** A relay's `store` resource (relay:core/host): an ordered in-memory map of its own. */
+export class Store {
+  constructor(map) {
+    this.map = map;
+  }
+  get(key) {
+    return this.map.get(hex(key))?.[1];
+  }
+  scan(start, end, limit) {
+    const [lo, hi] = [hex(start), hex(end)];
+    const keys = [...this.map.keys()].filter((k) => k >= lo && k < hi).sort();
+    return keys.slice(0, limit).map((k) => ({ key: this.map.get(k)[0], value: this.map.get(k)[1] }));
+  }
+  // All of the writes or none: they are applied only after every one was read.
+  commit(writes) {
+    const staged = writes.map((w) => [hex(w.key), w.key, w.value]);
+    for (const [k, key, value] of staged) {
+      if (value === undefined) this.map.delete(k);
+      else this.map.set(k, [key, value]);
+    }
+  }
+}
+
+/** The log lines of every relay of this process. */
+const logs = [];
+
+/** The rest of `relay:core/host`: logging, entropy, and crypto left to the core. */
+const host = {
+  Store,
+  log: (level, message) => logs.push(`${level}: ${message}`),
+  entropy: (len) => crypto.getRandomValues(new Uint8Array(len)),
+  // `declined`/`undefined`: the core verifies and hashes with its own code.
+  verifyEd25519: () => 'declined',
+  sha256: () => undefined,
+};
+
+/** One instance of the component per transpiled directory: every relay opened from it lives there. */
+const instances = new Map();
+function instance(out) {
+  if (!instances.has(out)) {
+    const compile = (name) => WebAssembly.compile(fs.readFileSync(path.join(out, name)));
+    const load = import(path.join(out, 'relay.js')).then((m) => m.instantiate(compile, { 'relay:core/host': host }));
+    instances.set(out, load);
+  }
+  return instances.get(out);
 }
 
 /** What became of an exchange, as the core's `fetch` variant. */
@@ -53,19 +75,16 @@ async function exchange(url, init, timeoutMs) {
 }
 
 /**
- * A relay on this host: `relay` is the component's `relay` interface; `notes` collects the
- * notifications the core asked to send.
+ * A relay on this host: `relay` is a `relay` resource of the component's instance for `out`
+ * (shared by every relay started from it); `notes` collects the notifications it asked to send.
  * @param {{out: string, config: object, seed: Uint8Array, operator?: string}} opts
  */
 export async function startHost({ out, config, seed, operator }) {
   const store = new Map();
-  const logs = [];
   const notes = [];
-  const { instantiate } = await import(path.join(out, 'relay.js'));
-  const compile = (name) => WebAssembly.compile(fs.readFileSync(path.join(out, name)));
-  const exports = await instantiate(compile, { 'relay:core/host': hostInterface(store, logs) });
-  const relay = exports.relay;
-  relay.init(JSON.stringify(config), seed, operator);
+  const core = await instance(out);
+  // A relay resource over a store of its own (a typed `error` is thrown if it cannot open).
+  const relay = core.relay.Relay.open(new Store(store), JSON.stringify(config), seed, operator);
   const now = () => BigInt(Date.now());
   let timer = null;
   const inflight = new Set();
@@ -147,6 +166,7 @@ export async function startHost({ out, config, seed, operator }) {
   run(relay.tick(now()).events);
   return {
     relay,
+    core,
     run,
     serve,
     logs,

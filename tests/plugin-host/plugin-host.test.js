@@ -1,7 +1,8 @@
 // The plugin host (host.js, written from wit/relay.wit alone) drives the core component as
 // transpiled by jco (pinned in package.json): register, session, self-delivery, an identical
 // retry, a conflicting one, sync, status, bad input, metrics; and two such hosts deliver a
-// message to each other over HTTP (the core's `send` events, key fetches and `fetched`).
+// message to each other over HTTP (the core's `send` events, key fetches and `fetched`), as two
+// `relay` resources of one instance, each over its own store; a refused config is a typed error.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -11,7 +12,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { Identity } from '../../host-node/pkg/relay_wasm.js';
-import { startHost } from './host.js';
+import { Store, startHost } from './host.js';
 
 const HERE = path.dirname(new URL(import.meta.url).pathname);
 const COMPONENT = path.resolve(HERE, '../../target/component/relay_core.wasm');
@@ -95,19 +96,27 @@ test('a plugin host from the WIT alone: send, retry, conflict, sync, status, bad
     assert.equal(h.store.size, keys, 'nothing written');
     // Metrics, at the host's clock.
     assert.match(h.relay.metrics(now()), /^relay_\w+/m);
+    // A config the core refuses: `open` throws the WIT's typed error, and opens nothing.
+    const Relay = h.core.relay.Relay;
+    assert.ok(h.relay instanceof Relay, 'the relay is an instance of the exported resource');
+    const refused = (e) => e.payload?.tag === 'bad-config' && /relay seed/.test(e.payload.val);
+    assert.throws(() => Relay.open(new Store(new Map()), JSON.stringify({ relay: url, network: NET }), new Uint8Array(3), undefined), refused);
   } finally {
     await h.close();
     fs.rmSync(out, { recursive: true, force: true });
   }
 });
 
-test('two plugin hosts deliver a message to each other over HTTP', async () => {
+test('two relays of one instance deliver a message to each other over HTTP', async () => {
   const out = transpile();
   const [pa, pb] = [await freePort(), await freePort()];
   const [ua, ub] = [`http://127.0.0.1:${pa}`, `http://127.0.0.1:${pb}`];
   const [a, b] = [await start(out, ua), await start(out, ub)];
   const servers = [await a.serve(pa), await b.serve(pb)];
   try {
+    // Two relays of one instance (the WIT's `relay` is a resource), each over its own store.
+    assert.equal(a.core, b.core, 'one instance of the component');
+    assert.notEqual(a.store, b.store);
     const alice = account(a, ua);
     const bob = account(b, ub);
     const params = alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'across', Date.now(), false);
@@ -124,6 +133,8 @@ test('two plugin hosts deliver a message to each other over HTTP', async () => {
     assert.equal(json(a.relay.status(alice.caller, enc.encode(JSON.stringify({ message_id: id })), now())).status, 'target_accepted');
     const synced = b.relay.sync(bob.caller, enc.encode('{"after":0}'), now());
     assert.deepEqual(json(synced).entries.map((e) => bob.id.openEntry(JSON.stringify(e))), ['across']);
+    // What Bob's relay stored is in Bob's store only: Alice's never held Bob's timeline.
+    assert.equal(json(a.relay.sync(bob.caller, enc.encode('{"after":0}'), now())).error.code, 'unauthenticated');
   } finally {
     for (const s of servers) s.close();
     await a.close();
