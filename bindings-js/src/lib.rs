@@ -22,6 +22,7 @@ use relay_core::wire::crypto::Crypto;
 use relay_core::wire::identity::RelayId;
 use relay_core::wire::relay_request;
 use relay_core::wire::signature::{self, SignatureError, SignedObject as _};
+use serde::Serialize as _;
 use wasm_bindgen::prelude::*;
 
 /// Storage implemented by a JS object.
@@ -537,6 +538,66 @@ fn fetch_of(outcome: &JsValue) -> Fetch {
     }
 }
 
+#[wasm_bindgen(typescript_custom_section)]
+const TYPED: &'static str = r#"
+/** A protocol error object as the wire carries it (the WIT's `error-object`). */
+export interface ErrorObject { code: string; message: string; data?: string }
+/** Why a typed call was refused (the WIT's `failure`): nothing was committed. */
+export interface Failure { code: string; status: number; error: ErrorObject }
+/** The seed's DeliveryStatus (the WIT's `delivery-status`); times in Unix milliseconds. */
+export interface DeliveryStatus {
+  messageId: string; from: string; to: string;
+  status: 'delivering' | 'target-accepted' | 'failed';
+  acceptedAt: number; deadline?: number; targetAcceptedAt?: number; error?: ErrorObject;
+}
+/** A DeliveryStatus and the events to carry out (the WIT's `delivery`). */
+export interface Delivery { status: DeliveryStatus; events: object[] }
+/** One timeline entry; its signed objects are canonical JSON text (the WIT's `timeline-entry`). */
+export interface TimelineEntry {
+  seq: number; kind: 'sent' | 'received' | 'self-delivery'; acceptedAt: number; expiresAt: number;
+  envelope: string; deviceCertificate: string; keyBox: string;
+}
+/** A page of the timeline and the events to carry out (the WIT's `timeline-page`). */
+export interface TimelinePage { entries: TimelineEntry[]; next: number; hasMore: boolean; events: object[] }
+"#;
+
+/// A typed answer as JavaScript: the record with `events` beside its fields (as the WIT's
+/// records carry them), or the refusal thrown as an `Error` with the `Failure` as `payload`.
+fn typed<T: serde::Serialize>(
+    r: relay_core::transport::typed::Outcome<T>,
+) -> Result<JsValue, JsValue> {
+    let ser = serde_wasm_bindgen::Serializer::json_compatible();
+    match r {
+        Ok(t) => {
+            let v = t.value.serialize(&ser)?;
+            let events = js_sys::JSON::parse(&events_string(&t.events))?;
+            Reflect::set(&v, &"events".into(), &events)?;
+            Ok(v)
+        }
+        Err(f) => {
+            let e = js_sys::Error::new(&format!("{}: {}", f.error.code, f.error.message));
+            Reflect::set(&e, &"payload".into(), &f.serialize(&ser)?)?;
+            Err(e.into())
+        }
+    }
+}
+
+/// A DeliveryStatus answer as the WIT's `delivery`: `{status, events}`.
+fn typed_delivery(
+    r: relay_core::transport::typed::Outcome<relay_core::transport::typed::DeliveryStatus>,
+) -> Result<JsValue, JsValue> {
+    typed(r.map(|t| relay_core::transport::typed::Typed {
+        value: DeliveryJs { status: t.value },
+        events: t.events,
+    }))
+}
+
+/// The WIT's `delivery` record less its events (added beside).
+#[derive(serde::Serialize)]
+struct DeliveryJs {
+    status: relay_core::transport::typed::DeliveryStatus,
+}
+
 /// One relay core over a JS storage object: the engine behind the transports
 /// (`relay_core::transport`). Requests, WebSocket messages and exchange outcomes go in as
 /// bytes, strings and numbers; answers come out as one buffer or string each.
@@ -789,6 +850,66 @@ impl RelayCore {
             serde_json::from_slice(&r.body()).map_err(|e| JsValue::from_str(&e.to_string()))?;
         let out = serde_json::json!({ "status": r.http_status(), "body": body });
         Ok(serde_wasm_bindgen::to_value(&out)?)
+    }
+
+    /// message.send for the caller (`kind` and `value` as for `call`), `params` the protocol's
+    /// params object as JSON: the WIT's `send`. Throws the refusal (an `Error` whose
+    /// `payload` is the `Failure`, as jco throws a WIT `result`'s error); nothing was committed.
+    #[wasm_bindgen(unchecked_return_type = "Delivery")]
+    pub fn send(
+        &mut self,
+        kind: &str,
+        value: &str,
+        params: &[u8],
+        now: f64,
+    ) -> Result<JsValue, JsValue> {
+        let r = self.relay.send(&caller(kind, value), params, now as u64);
+        typed_delivery(r)
+    }
+
+    /// message.deliver for the caller (a relay), as `send`: the WIT's `deliver`.
+    #[wasm_bindgen(unchecked_return_type = "Delivery")]
+    pub fn deliver(
+        &mut self,
+        kind: &str,
+        value: &str,
+        params: &[u8],
+        now: f64,
+    ) -> Result<JsValue, JsValue> {
+        let r = self.relay.deliver(&caller(kind, value), params, now as u64);
+        typed_delivery(r)
+    }
+
+    /// message.delivery.status of the caller's message: the WIT's `status`.
+    #[wasm_bindgen(unchecked_return_type = "Delivery")]
+    pub fn status(
+        &mut self,
+        kind: &str,
+        value: &str,
+        message_id: &str,
+        now: f64,
+    ) -> Result<JsValue, JsValue> {
+        let r = self
+            .relay
+            .status(&caller(kind, value), message_id, now as u64);
+        typed_delivery(r)
+    }
+
+    /// message.timeline.sync of the caller's device: entries after `after`, at most `limit`
+    /// (none: the protocol's default). The WIT's `sync`.
+    #[wasm_bindgen(unchecked_return_type = "TimelinePage")]
+    pub fn sync(
+        &mut self,
+        kind: &str,
+        value: &str,
+        after: f64,
+        limit: Option<u32>,
+        now: f64,
+    ) -> Result<JsValue, JsValue> {
+        let r = self
+            .relay
+            .sync(&caller(kind, value), after as u64, limit, now as u64);
+        typed(r)
     }
 
     /// What the engine counted since this instance started, and its destinations' gauges at

@@ -18,7 +18,8 @@ mod guest {
     use relay_core::engine::{self, Caller, Config, Engine, Entropy, OpenError};
     use relay_core::engine::{Storage, StorageError};
     use relay_core::transport::{
-        self, http, Event, Fetch, Listener, Need, Parked, Relay, Request, Resumed, Resumption, Step,
+        self, http, typed, Event, Fetch, Listener, Need, Parked, Relay, Request, Resumed,
+        Resumption, Step,
     };
     use relay_core::wire::crypto::Crypto;
     use relay_core::wire::identity::RelayId;
@@ -293,6 +294,60 @@ mod guest {
         }
     }
 
+    fn error_object(e: typed::ErrorObject) -> t::ErrorObject {
+        t::ErrorObject {
+            code: e.code,
+            message: e.message,
+            data: e.data,
+        }
+    }
+
+    fn failure(f: typed::Failure) -> t::Failure {
+        t::Failure {
+            code: error_code(f.code),
+            status: f.status,
+            error: error_object(f.error),
+        }
+    }
+
+    fn delivery(d: typed::Outcome<typed::DeliveryStatus>) -> Result<t::Delivery, t::Failure> {
+        let d = d.map_err(failure)?;
+        let s = d.value;
+        Ok(t::Delivery {
+            status: t::DeliveryStatus {
+                message_id: s.message_id,
+                from: s.from,
+                to: s.to,
+                status: match s.status {
+                    typed::DeliveryState::Delivering => t::DeliveryState::Delivering,
+                    typed::DeliveryState::TargetAccepted => t::DeliveryState::TargetAccepted,
+                    typed::DeliveryState::Failed => t::DeliveryState::Failed,
+                },
+                accepted_at: s.accepted_at,
+                deadline: s.deadline,
+                target_accepted_at: s.target_accepted_at,
+                error: s.error.map(error_object),
+            },
+            events: events(d.events),
+        })
+    }
+
+    fn entry(e: typed::TimelineEntry) -> t::TimelineEntry {
+        t::TimelineEntry {
+            seq: e.seq,
+            kind: match e.kind {
+                typed::EntryKind::Sent => t::EntryKind::Sent,
+                typed::EntryKind::Received => t::EntryKind::Received,
+                typed::EntryKind::SelfDelivery => t::EntryKind::SelfDelivery,
+            },
+            accepted_at: e.accepted_at,
+            expires_at: e.expires_at,
+            envelope: e.envelope,
+            device_certificate: e.device_certificate,
+            key_box: e.key_box,
+        }
+    }
+
     /// The WIT's error-code for the core's: one arm per code, so a new code fails to compile here.
     fn error_code(c: ErrorCode) -> t::ErrorCode {
         match c {
@@ -403,17 +458,40 @@ mod guest {
                 error: r.error,
             }
         }
-        fn send(&self, c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            self.with(|r| call(r, c, None, "message.send", params, now))
+        fn send(&self, c: t::Caller, params: Vec<u8>, now: u64) -> Result<t::Delivery, t::Failure> {
+            delivery(self.with(|r| r.send(&caller(c), &params, now)))
         }
-        fn deliver(&self, c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            self.with(|r| call(r, c, None, "message.deliver", params, now))
+        fn deliver(
+            &self,
+            c: t::Caller,
+            params: Vec<u8>,
+            now: u64,
+        ) -> Result<t::Delivery, t::Failure> {
+            delivery(self.with(|r| r.deliver(&caller(c), &params, now)))
         }
-        fn status(&self, c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            self.with(|r| call(r, c, None, "message.delivery.status", params, now))
+        fn status(
+            &self,
+            c: t::Caller,
+            message_id: String,
+            now: u64,
+        ) -> Result<t::Delivery, t::Failure> {
+            delivery(self.with(|r| r.status(&caller(c), &message_id, now)))
         }
-        fn sync(&self, c: t::Caller, params: Vec<u8>, now: u64) -> t::Reply {
-            self.with(|r| call(r, c, None, "message.timeline.sync", params, now))
+        fn sync(
+            &self,
+            c: t::Caller,
+            after: u64,
+            limit: Option<u32>,
+            now: u64,
+        ) -> Result<t::TimelinePage, t::Failure> {
+            let page = self.with(|r| r.sync(&caller(c), after, limit, now));
+            page.map(|p| t::TimelinePage {
+                entries: p.value.entries.into_iter().map(entry).collect(),
+                next: p.value.next,
+                has_more: p.value.has_more,
+                events: events(p.events),
+            })
+            .map_err(failure)
         }
         fn call(
             &self,

@@ -17,6 +17,9 @@ import {
   type ProtocolError,
   type HttpAnswer,
   type WebSocketSession,
+  type DeliveryStatus,
+  type TimelinePage,
+  type TypedCallError,
 } from 'relay-node';
 import { Identity, RelayError, moveAccount, openSession, type Moved } from 'relay-node/client';
 
@@ -35,6 +38,15 @@ async function main(): Promise<void> {
     console.log(error.code, error.message);
   }
   const grouped: Reply = await relay.callGrouped(anonymous, 'session.open', { device_id: 'x' });
+  try {
+    const status: DeliveryStatus = relay.status(anonymous, 'no-such-message');
+    const page: TimelinePage = relay.sync(anonymous, 0, 10);
+    const sent: DeliveryStatus = relay.send(anonymous, '{}');
+    console.log(status.status, status.deadline, page.hasMore, page.entries.map((e) => e.kind + e.envelope), sent.messageId);
+  } catch (e) {
+    const failure = (e as TypedCallError).payload;
+    console.log(failure.code, failure.status, failure.error.message, failure.error.data);
+  }
   const answer: HttpAnswer | { upgrade: WebSocketSession } = await relay.handle({
     admin: false,
     method: 'GET',

@@ -18,13 +18,15 @@ function account(relay) {
   return { id, certificate, session: { kind: 'session', value: body.session } };
 }
 
-// Alice sends Bob a message in-process; Bob reads it from his timeline.
+// Alice sends Bob a message in-process (the typed calls: records, a refusal thrown with its
+// code); Bob reads it from his timeline, whose signed objects come as their canonical text.
 function sendAndRead(relay) {
   const alice = account(relay);
   const bob = account(relay);
-  const sent = relay.call(alice.session, 'message.send', alice.id.message('dev', bob.id.accountId(), `[${bob.certificate}]`, 'hello', Date.now(), false));
-  const { body } = relay.call(bob.session, 'message.timeline.sync', { after: 0 });
-  return { status: sent.body.status, read: body.entries.map((e) => bob.id.openEntry(JSON.stringify(e))) };
+  const sent = relay.send(alice.session, alice.id.message('dev', bob.id.accountId(), `[${bob.certificate}]`, 'hello', Date.now(), false));
+  const page = relay.sync(bob.session, 0);
+  const opened = (e) => bob.id.openEntry(`{"envelope":${e.envelope},"device_certificate":${e.deviceCertificate},"key_box":${e.keyBox}}`);
+  return { status: sent.status, read: page.entries.map(opened) };
 }
 
 const seen = { runtime: globalThis.Deno ? `deno ${Deno.version.deno}` : globalThis.Bun ? `bun ${Bun.version}` : `node ${process.versions.node}` };

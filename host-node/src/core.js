@@ -331,6 +331,22 @@ export class Core {
   call(kind, value, origin, method, params, now) {
     return /** @type {Answer} */ (this.#step((c) => c.call(kind, value, origin, method, params, now), true));
   }
+  /**
+   * One of the seed's four methods as a typed call (the WIT's `send`, `deliver`, `status`,
+   * `sync`): the record, with the events to carry out. A refusal is thrown (an Error whose
+   * `payload` is the Failure), and after a trap the `internal` one: nothing was accepted.
+   * @param {'send' | 'deliver' | 'status' | 'sync'} name
+   * @param {unknown[]} args the binding's arguments after the method's name
+   */
+  typed(name, ...args) {
+    const trapped = {};
+    const r = this.guard((c) => c[name](...args), trapped);
+    if (r === trapped) {
+      const message = 'the relay core failed; nothing was accepted';
+      throw Object.assign(new Error(`internal: ${message}`), { payload: { code: 'internal', status: 500, error: { code: 'internal', message } } });
+    }
+    return r;
+  }
   callValue(kind, value, method, params, now) {
     return this.guard((c) => c.callValue(kind, value, method, params, now), { status: 500, body: JSON.parse(decoder.decode(uncommitted().body)) });
   }

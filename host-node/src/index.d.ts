@@ -252,6 +252,50 @@ export interface RelayOptions extends ServeOptions {
   ca?: string | Buffer | Array<string | Buffer>;
 }
 
+/** A protocol error object as the wire carries it (the WIT's `error-object`; `data` is canonical JSON). */
+export interface ErrorObject {
+  code: string;
+  message: string;
+  data?: string;
+}
+/** Why a typed call was refused (the WIT's `failure`); `code` is spelled as the WIT's `error-code` (`state-conflict`). */
+export interface Failure {
+  code: string;
+  status: number;
+  error: ErrorObject;
+}
+/** What a typed call throws: an Error carrying the Failure, as jco throws a WIT `result`'s error. */
+export interface TypedCallError extends Error {
+  payload: Failure;
+}
+/** The seed's DeliveryStatus (the WIT's `delivery-status`); times in Unix milliseconds. */
+export interface DeliveryStatus {
+  messageId: string;
+  from: string;
+  to: string;
+  status: 'delivering' | 'target-accepted' | 'failed';
+  acceptedAt: number;
+  deadline?: number;
+  targetAcceptedAt?: number;
+  error?: ErrorObject;
+}
+/** One timeline entry for the calling device; the signed objects are canonical JSON text. */
+export interface TimelineEntry {
+  seq: number;
+  kind: 'sent' | 'received' | 'self-delivery';
+  acceptedAt: number;
+  expiresAt: number;
+  envelope: string;
+  deviceCertificate: string;
+  keyBox: string;
+}
+/** A page of the calling device's timeline: `next` is the next page's `after`. */
+export interface TimelinePage {
+  entries: TimelineEntry[];
+  next: number;
+  hasMore: boolean;
+}
+
 export class Relay extends EventEmitter {
   readonly relay: string;
   readonly network: string;
@@ -266,6 +310,17 @@ export class Relay extends EventEmitter {
   readonly coreCalls: number;
   /** Calls a method of protocol.md §4 in-process. */
   call(caller: Caller, method: string, params: string | object): Reply;
+  /**
+   * message.send in process, typed (the WIT's `send`): the DeliveryStatus. A refusal is thrown
+   * as a `TypedCallError` (its `payload` the Failure), and nothing was committed.
+   */
+  send(caller: Caller, params: string | object): DeliveryStatus;
+  /** message.deliver in process, typed, as `send` (the caller is a relay). */
+  deliver(caller: Caller, params: string | object): DeliveryStatus;
+  /** message.delivery.status of the caller's message, typed. */
+  status(caller: Caller, messageId: string): DeliveryStatus;
+  /** message.timeline.sync of the caller's device, typed: entries after `after`, at most `limit` (default: the protocol's). */
+  sync(caller: Caller, after?: number, limit?: number): TimelinePage;
   /** Calls a method in a commit group: concurrent calls share one durable transaction; resolves after it commits. */
   callGrouped(caller: Caller, method: string, params: string | object): Promise<Reply>;
   /** The transports listen (`serve` calls it): the first tick runs if it has not yet. */

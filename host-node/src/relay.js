@@ -180,6 +180,44 @@ export class Relay extends EventEmitter {
     return this.#answered(method, r);
   }
 
+  /**
+   * message.send in process, typed (the WIT's `send`): `caller` as for `call`, `params` the
+   * protocol's params (an object or its JSON). The DeliveryStatus; a refusal is thrown as an
+   * Error whose `payload` is the Failure (`code`, `status`, `error`), with nothing committed.
+   * @returns {import('../pkg/relay_wasm.js').DeliveryStatus}
+   */
+  send(caller, params) {
+    return this.#typed('send', caller, bytesOf(params)).status;
+  }
+
+  /** message.deliver in process, typed, as `send` (the caller is a relay). @returns {import('../pkg/relay_wasm.js').DeliveryStatus} */
+  deliver(caller, params) {
+    return this.#typed('deliver', caller, bytesOf(params)).status;
+  }
+
+  /** message.delivery.status of the caller's message, typed. @returns {import('../pkg/relay_wasm.js').DeliveryStatus} */
+  status(caller, messageId) {
+    return this.#typed('status', caller, messageId).status;
+  }
+
+  /**
+   * message.timeline.sync of the caller's device, typed: entries after `after`, at most
+   * `limit` (the protocol's default when none).
+   * @returns {{entries: import('../pkg/relay_wasm.js').TimelineEntry[], next: number, hasMore: boolean}}
+   */
+  sync(caller, after = 0, limit = undefined) {
+    const { entries, next, hasMore } = this.#typed('sync', caller, after, limit);
+    return { entries, next, hasMore };
+  }
+
+  /** A typed call of the core, its events carried out. */
+  #typed(name, caller, ...args) {
+    this.coreCalls += 1;
+    const r = this.core.typed(name, caller.kind, caller.value ?? '', ...args, Date.now());
+    this.#run(r.events);
+    return r;
+  }
+
   #answered(method, r) {
     this.#run(r.effects);
     const body = JSON.parse(decoder.decode(r.body));
@@ -238,6 +276,7 @@ export class Relay extends EventEmitter {
     runEvents(events, this.handlers);
   }
 
+  // lines: timers
   /** Asks for a tick at `at`: the alarm keeps the earliest. */
   #schedule(at) {
     if (this.alarm.wakeAt(at) || !this.timer) this.#arm();
@@ -274,6 +313,7 @@ export class Relay extends EventEmitter {
     this.#arm();
   }
 
+  // lines: sockets
   /**
    * One HTTP exchange with a peer over node:http(s); never follows redirects or retries
    * (fetch retries a 421 on its own, which would resend a signed request with a used nonce).
@@ -353,6 +393,7 @@ export class Relay extends EventEmitter {
     }
   }
 
+  // lines: process
   /** This relay's `/.well-known/relay` document (JSON text). */
   wellKnown() {
     return this.core.wellKnown();

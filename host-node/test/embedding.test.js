@@ -101,6 +101,47 @@ test('a storage failure answers internal and commits nothing', async () => {
   await relay.close();
 });
 
+test("the seed's four methods as typed calls: records as the WIT has them, a refusal thrown with its Failure, and a trap as internal", async () => {
+  const relay = await createRelay({ relay: 'http://127.0.0.1:1' });
+  const alice = register(relay);
+  const bob = register(relay);
+  const notes = [];
+  relay.on('notify', (n) => notes.push(n));
+  const m = message(alice, bob, 'typed', true);
+  const id = JSON.parse(m).envelope.message_id;
+  const sent = relay.send(as(alice), m);
+  assert.deepEqual(
+    { messageId: sent.messageId, from: sent.from, to: sent.to, status: sent.status },
+    { messageId: id, from: alice.id.accountId(), to: bob.id.accountId(), status: 'target-accepted' },
+  );
+  assert.ok(sent.deadline > sent.acceptedAt && sent.targetAcceptedAt >= sent.acceptedAt);
+  assert.ok(notes.some((n) => n.account === bob.id.accountId()), 'the events were carried out');
+  assert.deepEqual(relay.status(as(alice), id), sent);
+  // The same answer as the JSON one, field for field.
+  const json = relay.call(as(alice), 'message.delivery.status', { message_id: id }).body;
+  assert.deepEqual([json.accepted_at, json.deadline, json.target_accepted_at], [sent.acceptedAt, sent.deadline, sent.targetAcceptedAt]);
+  const page = relay.sync(as(bob), 0, 10);
+  assert.deepEqual(page.entries.map((e) => [e.seq, e.kind]), [[1, 'received']]);
+  const wire = (e) => JSON.stringify({ envelope: JSON.parse(e.envelope), device_certificate: JSON.parse(e.deviceCertificate), key_box: JSON.parse(e.keyBox) });
+  assert.deepEqual(page.entries.map((e) => bob.id.openEntry(wire(e))), ['typed']);
+  assert.equal(page.hasMore, false);
+  // A refusal: thrown with the protocol's code, status and error object; nothing committed.
+  const refused = (code, status) => (e) => e.payload?.code === code && e.payload.status === status && e.payload.error.code === code.replaceAll('-', '_');
+  assert.throws(() => relay.status(as(alice), JSON.parse(message(alice, bob, 'never sent')).envelope.message_id), refused('not-found', 404));
+  assert.throws(() => relay.status(as(alice), 'not an id'), refused('invalid-params', 400));
+  assert.throws(() => relay.sync({ kind: 'anonymous' }), refused('unauthenticated', 401));
+  assert.throws(() => relay.send(as(alice), '{"envelope":'), refused('invalid-params', 400));
+  // A trap: the internal refusal, and a fresh instance goes on.
+  const real = relay.core.inner.send.bind(relay.core.inner);
+  relay.core.inner.send = () => {
+    throw new WebAssembly.RuntimeError('unreachable');
+  };
+  assert.throws(() => relay.send(as(alice), message(alice, bob, 'lost')), refused('internal', 500));
+  assert.notEqual(relay.core.inner.send, real);
+  assert.equal(relay.send(as(alice), message(alice, bob, 'after')).status, 'target-accepted');
+  await relay.close();
+});
+
 test('a trap inside wasm answers internal and the relay goes on with a fresh instance', async () => {
   const relay = await createRelay({ relay: 'http://127.0.0.1:1' });
   const alice = register(relay);

@@ -105,11 +105,11 @@ test('the packed package installs with no compiler and runs the README example o
         const stdout = run(rt.cmd, [...rt.args, 'embed.js'], { cwd: app, env: { ...process.env, PATH: pathWithoutRust() }, timeout: 120_000 });
         const seen = JSON.parse(stdout.trim().split('\n').pop());
         assert.match(seen.runtime, new RegExp(`^${rt.name.split(' ')[0]} ${rt.name.split(' ')[1]}\\.`));
-        assert.deepEqual(seen.memory, { status: 'target_accepted', read: ['hello'] }, 'in memory');
+        assert.deepEqual(seen.memory, { status: 'target-accepted', read: ['hello'] }, 'in memory, through the typed calls');
         assert.deepEqual(seen.bad, { status: 400, code: 'invalid_params' }, 'bad input is a protocol error');
         assert.deepEqual(seen.http, { status: 'target_accepted', read: ['note to self'] }, 'a self-delivery over HTTP');
         if (rt.sqlite) {
-          assert.deepEqual(seen.disk, { driver: rt.sqlite, status: 'target_accepted', read: ['hello'] }, 'on disk');
+          assert.deepEqual(seen.disk, { driver: rt.sqlite, status: 'target-accepted', read: ['hello'] }, 'on disk');
         } else {
           // Node 20 has no node:sqlite: disk storage says how to get it.
           assert.match(seen.disk.error, /better-sqlite3/);

@@ -26,10 +26,14 @@ mod wit {
 }
 
 pub use relay::core::types::{
-    Caller, Close, DeliveryEnd, Error, ErrorCode, Event, Fetch, HttpRequest, HttpResponse,
-    KeyFetch, Listener, Need, Notify, Parked, PeerRequest, Reply, Resumption, RouteWanted, Step,
-    TickReport, Upgrade, WsAnswer,
+    Caller, Close, Delivery, DeliveryEnd, DeliveryState, DeliveryStatus, EntryKind, Error,
+    ErrorCode, ErrorObject, Event, Failure, Fetch, HttpRequest, HttpResponse, KeyFetch, Listener,
+    Need, Notify, Parked, PeerRequest, Reply, Resumption, RouteWanted, Step, TickReport,
+    TimelineEntry, TimelinePage, Upgrade, WsAnswer,
 };
+
+/// A typed call's answer: the record, or why it was refused (nothing committed).
+pub type Typed<T> = Result<T, Failure>;
 
 /// Where a parked request's resumptions go: its socket's task waits on the other end.
 pub type Waiter = tokio::sync::mpsc::UnboundedSender<Resumption>;
@@ -37,7 +41,7 @@ pub type Waiter = tokio::sync::mpsc::UnboundedSender<Resumption>;
 /// closed channel: the core restarted or its commit failed, so nothing was accepted).
 pub type Waiting = tokio::sync::mpsc::UnboundedReceiver<Resumption>;
 /// A resumption to hand to its waiter once the call that made it is durable.
-pub type Delivery = (Waiter, Resumption);
+pub type Handover = (Waiter, Resumption);
 use wit::exports::relay::core::relay::GuestRelay;
 use wit::relay;
 use wit::relay::core::host;
@@ -533,21 +537,51 @@ impl Core {
         self.faults = faults;
     }
 
-    /// Calls a protocol method for an in-process caller (no network address).
+    /// Calls a protocol method by name for an in-process caller (no network address): the
+    /// answer as an HTTP client reads it.
     pub fn call(&mut self, caller: &Caller, method: &str, params: &[u8], now: u64) -> Reply {
         let sending = match caller {
             Caller::Session(t) if method == "message.send" => Some(t.as_str()),
             _ => None,
         };
-        // The four methods of the seed go through their typed exports; the rest by name.
-        self.hinted(sending, |i, r, s| match method {
-            "message.send" => i.call_send(s, r, caller, params, now),
-            "message.deliver" => i.call_deliver(s, r, caller, params, now),
-            "message.delivery.status" => i.call_status(s, r, caller, params, now),
-            "message.timeline.sync" => i.call_sync(s, r, caller, params, now),
-            _ => i.call_call(s, r, caller, None, method, params, now),
+        self.hinted(sending, |i, r, s| {
+            i.call_call(s, r, caller, None, method, params, now)
         })
         .unwrap_or_else(internal_reply)
+    }
+
+    /// message.send through the typed export: the DeliveryStatus and its events, or why not.
+    pub fn send(&mut self, caller: &Caller, params: &[u8], now: u64) -> Typed<Delivery> {
+        let sending = match caller {
+            Caller::Session(t) => Some(t.as_str()),
+            _ => None,
+        };
+        self.hinted(sending, |i, r, s| i.call_send(s, r, caller, params, now))
+            .unwrap_or_else(|| Err(internal_failure()))
+    }
+
+    /// message.deliver through the typed export.
+    pub fn deliver(&mut self, caller: &Caller, params: &[u8], now: u64) -> Typed<Delivery> {
+        self.guarded(|i, r, s| i.call_deliver(s, r, caller, params, now))
+            .unwrap_or_else(|| Err(internal_failure()))
+    }
+
+    /// message.delivery.status through the typed export.
+    pub fn status(&mut self, caller: &Caller, message_id: &str, now: u64) -> Typed<Delivery> {
+        self.guarded(|i, r, s| i.call_status(s, r, caller, message_id, now))
+            .unwrap_or_else(|| Err(internal_failure()))
+    }
+
+    /// message.timeline.sync through the typed export.
+    pub fn sync(
+        &mut self,
+        caller: &Caller,
+        after: u64,
+        limit: Option<u32>,
+        now: u64,
+    ) -> Typed<TimelinePage> {
+        self.guarded(|i, r, s| i.call_sync(s, r, caller, after, limit, now))
+            .unwrap_or_else(|| Err(internal_failure()))
     }
 
     /// Runs `f` with the hint that it is `token`'s message.send (`pre` learns its key).
@@ -633,20 +667,20 @@ impl Core {
 
     /// Reports what became of a key fetch the core named: the parked requests it answers,
     /// for the host to hand over once this call is durable.
-    pub fn key_fetched(&mut self, relay: &str, fetch: &Fetch, now: u64) -> Vec<Delivery> {
+    pub fn key_fetched(&mut self, relay: &str, fetch: &Fetch, now: u64) -> Vec<Handover> {
         let resumed = self.guarded(|i, r, s| i.call_key_fetched(s, r, relay, fetch, now));
         self.deliveries(resumed.unwrap_or_default())
     }
 
     /// Reports what a sibling shard answered to a route fetch the core named; as
     /// [`Core::key_fetched`].
-    pub fn route_fetched(&mut self, account: &str, fetch: &Fetch, now: u64) -> Vec<Delivery> {
+    pub fn route_fetched(&mut self, account: &str, fetch: &Fetch, now: u64) -> Vec<Handover> {
         let resumed = self.guarded(|i, r, s| i.call_route_fetched(s, r, account, fetch, now));
         self.deliveries(resumed.unwrap_or_default())
     }
 
     /// Each resumption with its waiter; one that is parked again keeps its waiter here too.
-    fn deliveries(&mut self, resumed: Vec<relay::core::types::Resumed>) -> Vec<Delivery> {
+    fn deliveries(&mut self, resumed: Vec<relay::core::types::Resumed>) -> Vec<Handover> {
         let mut out = Vec::with_capacity(resumed.len());
         for r in resumed {
             let again = match &r.resumption {
@@ -753,6 +787,23 @@ pub fn internal_reply() -> Reply {
         body: r.body,
         error: Some(ErrorCode::Internal),
         events: Vec::new(),
+    }
+}
+
+/// A typed call's failure after a trap or a failed group commit: nothing was accepted.
+pub fn internal_failure() -> Failure {
+    let e = relay_core::transport::typed::Failure::from(&relay_core::Error::new(
+        relay_core::ErrorCode::Internal,
+        "the relay core failed; nothing was accepted",
+    ));
+    Failure {
+        code: ErrorCode::Internal,
+        status: e.status,
+        error: ErrorObject {
+            code: e.error.code,
+            message: e.error.message,
+            data: None,
+        },
     }
 }
 
@@ -1008,11 +1059,19 @@ mod tests {
         let db = dir.join("relay.sqlite");
         let mut core = load(&db);
         let now = crate::now_ms();
-        // message.send and message.timeline.sync go through their typed exports.
-        let r = core.call(&Caller::Anonymous, "message.send", b"{}", now);
-        assert_eq!((r.status, r.error), (400, Some(ErrorCode::InvalidParams)));
-        let r = core.call(&Caller::Anonymous, "message.timeline.sync", b"[", now);
-        assert_eq!((r.status, r.error), (400, Some(ErrorCode::InvalidParams)));
+        // The typed exports: a refusal is the protocol's code, status and error object.
+        let f = core.send(&Caller::Anonymous, b"{}", now).unwrap_err();
+        assert_eq!((f.code, f.status), (ErrorCode::InvalidParams, 400));
+        assert_eq!(f.error.code, "invalid_params");
+        let f = core.sync(&Caller::Anonymous, 0, Some(10), now).unwrap_err();
+        assert_eq!((f.code, f.status), (ErrorCode::Unauthenticated, 401));
+        let f = core.status(&Caller::Anonymous, "m", now).unwrap_err();
+        assert_eq!(f.code, ErrorCode::Unauthenticated);
+        let f = core.deliver(&Caller::Anonymous, b"{}", now).unwrap_err();
+        assert!(matches!(
+            f.code,
+            ErrorCode::InvalidParams | ErrorCode::Unauthenticated
+        ));
         // Other methods by name: an account not registered yet is not found, then is.
         let (register, account) = registration();
         let params = format!(r#"{{"account":"{account}"}}"#);

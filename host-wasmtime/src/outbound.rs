@@ -14,7 +14,7 @@
 //! names one fetch per relay however many wait, and bounds them with its key book; the
 //! host carries out the fetch it names ([`start`]) and hands over what the report resumes.
 
-use crate::guest::{Delivery, Fetch, HttpRequest, Need, PeerRequest, Resumption, Step};
+use crate::guest::{Fetch, Handover, HttpRequest, Need, PeerRequest, Resumption, Step};
 use crate::{now_ms, refused_address, App};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -202,7 +202,7 @@ pub fn start(app: &Arc<App>, shard: u32, need: Need) {
 
 /// Runs each resumption's events here (its request may have gone away; what the core
 /// accepted still has its effects) and hands the answer to the request waiting for it.
-fn deliver(app: &Arc<App>, shard: u32, deliveries: Vec<Delivery>) {
+fn deliver(app: &Arc<App>, shard: u32, deliveries: Vec<Handover>) {
     for (waiter, mut resumption) in deliveries {
         let events = match &mut resumption {
             Resumption::Http(Step::Respond(r)) => std::mem::take(&mut r.events),

@@ -8,6 +8,7 @@ import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 
+// lines: storage
 /** Keys as hex: string order of hex is byte order, as the core's scans need. */
 const hex = (b) => Buffer.from(b).toString('hex');
 
@@ -34,6 +35,7 @@ export class Store {
   }
 }
 
+// lines: process
 /** The log lines of every relay of this process. */
 const logs = [];
 
@@ -58,6 +60,7 @@ function instance(out) {
   return instances.get(out);
 }
 
+// lines: sockets
 /** What became of an exchange, as the core's `fetch` variant. */
 async function exchange(url, init, timeoutMs) {
   let res;
@@ -74,6 +77,7 @@ async function exchange(url, init, timeoutMs) {
   }
 }
 
+// lines: process
 /**
  * A relay on this host: `relay` is a `relay` resource of the component's instance for `out`
  * (shared by every relay started from it); `notes` collects the notifications it asked to send.
@@ -140,6 +144,7 @@ export async function startHost({ out, config, seed, operator }) {
     return step.val;
   }
 
+  // lines: sockets
   /** Serves the relay over HTTP on `port` (no WebSocket, no TLS: a plugin host needs neither). */
   function serve(port) {
     // The headers the core reads (wit: http-request).
@@ -163,6 +168,7 @@ export async function startHost({ out, config, seed, operator }) {
     return new Promise((ok) => server.listen(port, '127.0.0.1', () => ok(server)));
   }
 
+  // lines: process
   run(relay.tick(now()).events);
   return {
     relay,

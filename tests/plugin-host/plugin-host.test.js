@@ -21,6 +21,10 @@ const enc = new TextEncoder();
 const dec = new TextDecoder();
 const now = () => BigInt(Date.now());
 const json = (reply) => JSON.parse(dec.decode(reply.body));
+/** A typed timeline entry as the wire's JSON (its signed objects are canonical text). */
+const wire = (e) => JSON.stringify({ envelope: JSON.parse(e.envelope), device_certificate: JSON.parse(e.deviceCertificate), key_box: JSON.parse(e.keyBox) });
+/** The typed calls' refusal (jco throws a `result`'s error with it as `payload`). */
+const refused = (code, status) => (e) => e.payload?.code === code && e.payload.status === status && typeof e.payload.error.message === 'string';
 
 /** The component transpiled by jco into a fresh directory. */
 function transpile() {
@@ -42,7 +46,7 @@ async function freePort() {
 /** A relay on the plugin host. */
 const start = (out, relay) => startHost({ out, config: { relay, network: NET, policies: {}, started_at: Date.now() }, seed: crypto.randomBytes(32) });
 
-/** An account with one device on `h`, through the typed `call`; its session caller. */
+/** An account with one device on `h`, through `call`; its session caller. */
 function account(h, url) {
   const id = new Identity();
   const cert = id.certificate(NET, 'send,sync,manage', Date.now() - 1000);
@@ -70,24 +74,27 @@ test('a plugin host from the WIT alone: send, retry, conflict, sync, status, bad
     // Self-delivery through the typed `send`: accepted at once, and Alice's account is notified.
     const params = alice.id.message(NET, alice.id.accountId(), `[${alice.cert}]`, 'note to self', Date.now(), false);
     const sent = h.relay.send(alice.caller, enc.encode(params), now());
-    assert.equal(sent.status, 200, dec.decode(sent.body));
-    assert.equal(json(sent).status, 'target_accepted');
+    assert.equal(sent.status.status, 'target-accepted');
+    assert.equal(sent.status.from, alice.id.accountId());
+    assert.ok(sent.status.deadline > sent.status.acceptedAt, 'the source names its deadline');
     h.run(sent.events);
     assert.ok(h.notes.some((n) => n.account === alice.id.accountId()), 'the notify event was carried out');
     // The identical retry: the same result, no second entry.
     const again = h.relay.send(alice.caller, enc.encode(params), now());
-    assert.deepEqual(json(again), json(sent));
+    assert.deepEqual(again.status, sent.status);
     // The same message id with other content: state_conflict, nothing committed.
     const messageId = JSON.parse(params).envelope.message_id;
     const other = alice.id.message(NET, alice.id.accountId(), `[${alice.cert}]`, 'something else', Date.now(), false, messageId);
-    const conflict = h.relay.send(alice.caller, enc.encode(other), now());
-    assert.equal(conflict.error, 'state-conflict');
-    assert.equal(json(conflict).error.code, 'state_conflict');
+    assert.throws(() => h.relay.send(alice.caller, enc.encode(other), now()), (e) => refused('state-conflict', 409)(e) && e.payload.error.code === 'state_conflict');
     // sync and status through their typed exports.
-    const synced = h.relay.sync(alice.caller, enc.encode('{"after":0}'), now());
-    assert.deepEqual(json(synced).entries.map((e) => alice.id.openEntry(JSON.stringify(e))), ['note to self']);
-    const status = h.relay.status(alice.caller, enc.encode(JSON.stringify({ message_id: messageId })), now());
-    assert.equal(json(status).status, 'target_accepted');
+    const synced = h.relay.sync(alice.caller, 0n, undefined, now());
+    assert.deepEqual(synced.entries.map((e) => [e.seq, e.kind]), [[1n, 'self-delivery']]);
+    assert.deepEqual(synced.entries.map((e) => alice.id.openEntry(wire(e))), ['note to self']);
+    assert.equal(synced.hasMore, false);
+    const status = h.relay.status(alice.caller, messageId, now());
+    assert.deepEqual(status.status, sent.status);
+    const unsent = JSON.parse(alice.id.message(NET, alice.id.accountId(), `[${alice.cert}]`, 'never sent', Date.now(), false)).envelope.message_id;
+    assert.throws(() => h.relay.status(alice.caller, unsent, now()), refused('not-found', 404));
     // Bad input: invalid_params, and the store is as it was.
     const keys = h.store.size;
     const bad = h.relay.call({ tag: 'anonymous' }, undefined, 'account.register', enc.encode('{"route":'), now());
@@ -99,8 +106,8 @@ test('a plugin host from the WIT alone: send, retry, conflict, sync, status, bad
     // A config the core refuses: `open` throws the WIT's typed error, and opens nothing.
     const Relay = h.core.relay.Relay;
     assert.ok(h.relay instanceof Relay, 'the relay is an instance of the exported resource');
-    const refused = (e) => e.payload?.tag === 'bad-config' && /relay seed/.test(e.payload.val);
-    assert.throws(() => Relay.open(new Store(new Map()), JSON.stringify({ relay: url, network: NET }), new Uint8Array(3), undefined), refused);
+    const badConfig = (e) => e.payload?.tag === 'bad-config' && /relay seed/.test(e.payload.val);
+    assert.throws(() => Relay.open(new Store(new Map()), JSON.stringify({ relay: url, network: NET }), new Uint8Array(3), undefined), badConfig);
   } finally {
     await h.close();
     fs.rmSync(out, { recursive: true, force: true });
@@ -124,17 +131,19 @@ test('two relays of one instance deliver a message to each other over HTTP', asy
     const pub = a.relay.call({ tag: 'anonymous' }, undefined, 'route.publish', enc.encode(`{"route":${bob.id.route(NET, ub, 1, Date.now())}}`), now());
     assert.equal(pub.status, 200, dec.decode(pub.body));
     const sent = a.relay.send(alice.caller, enc.encode(params), now());
-    assert.equal(sent.status, 200, dec.decode(sent.body));
+    assert.equal(sent.status.status, 'delivering');
     a.run(sent.events);
     const id = JSON.parse(params).envelope.message_id;
-    for (let i = 0; i < 100 && json(a.relay.status(alice.caller, enc.encode(JSON.stringify({ message_id: id })), now())).status !== 'target_accepted'; i += 1) {
+    for (let i = 0; i < 100 && a.relay.status(alice.caller, id, now()).status.status !== 'target-accepted'; i += 1) {
       await new Promise((r) => setTimeout(r, 50));
     }
-    assert.equal(json(a.relay.status(alice.caller, enc.encode(JSON.stringify({ message_id: id })), now())).status, 'target_accepted');
-    const synced = b.relay.sync(bob.caller, enc.encode('{"after":0}'), now());
-    assert.deepEqual(json(synced).entries.map((e) => bob.id.openEntry(JSON.stringify(e))), ['across']);
+    const done = a.relay.status(alice.caller, id, now()).status;
+    assert.equal(done.status, 'target-accepted');
+    assert.ok(done.targetAcceptedAt >= done.acceptedAt, "the destination's acceptance time");
+    const synced = b.relay.sync(bob.caller, 0n, 10, now());
+    assert.deepEqual(synced.entries.map((e) => [e.kind, bob.id.openEntry(wire(e))]), [['received', 'across']]);
     // What Bob's relay stored is in Bob's store only: Alice's never held Bob's timeline.
-    assert.equal(json(a.relay.sync(bob.caller, enc.encode('{"after":0}'), now())).error.code, 'unauthenticated');
+    assert.throws(() => a.relay.sync(bob.caller, 0n, 10, now()), refused('unauthenticated', 401));
   } finally {
     for (const s of servers) s.close();
     await a.close();

@@ -17,6 +17,8 @@ use wasmparser::{Parser, Payload, Validator, WasmFeatures};
 
 type Result<T> = std::result::Result<T, String>;
 
+mod lines;
+
 /// Imports a relay core component may have; anything else fails the build.
 const ALLOWED_IMPORTS: &[&str] = &["relay:core/host@0.8.0", "relay:core/types@0.8.0"];
 /// The interface a relay core component must export: the product's API.
@@ -32,13 +34,17 @@ fn main() -> ExitCode {
         Some("component") => build_component(),
         Some("bindgen") => build_bindgen(),
         Some("bindgen-edge") => build_bindgen_edge(),
+        Some("lines") => lines::run(args.get(1).map(String::as_str)),
         Some("check-component") => match args.get(1) {
             Some(p) => std::fs::read(p)
                 .map_err(|e| format!("{p}: {e}"))
                 .and_then(|b| check(&b)),
             None => Err("usage: xtask check-component FILE".into()),
         },
-        _ => Err("usage: xtask component | bindgen | bindgen-edge | check-component FILE".into()),
+        _ => Err(
+            "usage: xtask component | bindgen | bindgen-edge | check-component FILE | lines [COMMIT]"
+                .into(),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

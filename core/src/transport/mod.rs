@@ -26,6 +26,7 @@ pub mod outbound;
 pub mod parking;
 pub mod placement;
 pub mod socket;
+pub mod typed;
 
 pub use http::{Listener, Refusal, Request, Response, Route};
 pub use method::{Door, Method};

@@ -77,6 +77,7 @@ function unb64u(s) {
   return Uint8Array.from(bin, (c) => c.charCodeAt(0));
 }
 
+// lines: configuration
 /**
  * The relay's settings from the bindings.
  * @param {any} env
@@ -99,6 +100,7 @@ function settingsOf(env) {
   };
 }
 
+// lines: sockets
 /** The stub of shard `k`'s object. @param {any} env @param {number} k */
 const shard = (env, k) => env.RELAY.get(env.RELAY.idFromName(`shard-${k}`));
 
@@ -213,6 +215,7 @@ export default {
   },
 };
 
+// lines: process
 /**
  * One shard of the relay: a relay core over this object's SQLite storage. The requests of one
  * turn of the event loop form a commit group (the core's `beginGroup`/`flushGroup`, as on the
@@ -337,6 +340,7 @@ export class RelayShard extends DurableObject {
     return this.core;
   }
 
+  // lines: storage
   /**
    * `f` in one `transactionSync`; the store learns whether it committed (its memory of what
    * the database holds keeps only committed writes).
@@ -402,6 +406,7 @@ export class RelayShard extends DurableObject {
     });
   }
 
+  // lines: process
   /** After a trap (or a call that threw): the open group answers null, and a fresh instance stands at next use. */
   #trapped(e) {
     if (isTrap(e)) {
@@ -450,6 +455,7 @@ export class RelayShard extends DurableObject {
     }
   }
 
+  // lines: sockets
   /** A request from the Worker (or from a sibling shard). @param {Request} request */
   async fetch(request) {
     const h = request.headers;
@@ -589,6 +595,7 @@ export class RelayShard extends DurableObject {
 
   webSocketError() {}
 
+  // lines: timers
   /** The alarm: the core's tick, then the sessions that expired are closed. */
   async alarm() {
     this.#alarm().fire();
@@ -644,11 +651,13 @@ export class RelayShard extends DurableObject {
     if (at !== undefined) this.ctx.storage.setAlarm(at);
   }
 
+  // lines: process
   /** Runs the core's events: deliveries, wake-ups, calls to sibling shards, notifications, session ends (`this.handlers`). */
   #run(events) {
     runEvents(events, this.handlers);
   }
 
+  // lines: sockets
   /** Carries a `send` event: to a sibling shard's object, or POSTed to its url; reports what became of it. */
   async #attempt(e) {
     const r = e.shard !== undefined && e.shard !== null ? await this.#toSibling(e.shard, e.url, encoder.encode(e.body)) : await this.#exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
