@@ -346,47 +346,51 @@ fn events_string(events: &[Event]) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
-/// A response as bytes: one line of JSON `{"status", "headers": {...}, "effects"?: [...]}`,
-/// then the body as it goes on the wire.
-fn response_bytes(r: &Response) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + r.body.len());
-    push_str(
-        &mut out,
-        &format!("{{\"status\":{},\"headers\":{{", r.status),
-    );
-    for (j, (k, v)) in r.headers.iter().enumerate() {
-        if j > 0 {
-            out.push(b',');
-        }
-        write_string(k, &mut out);
-        out.push(b':');
-        write_string(v, &mut out);
+/// Sets a field of an object this module just made (which cannot refuse it).
+fn set(o: &js_sys::Object, key: &str, value: &JsValue) {
+    let _ = Reflect::set(o, &JsValue::from_str(key), value);
+}
+
+/// JSON text this module wrote, as JavaScript values.
+fn parsed(json: &str) -> JsValue {
+    js_sys::JSON::parse(json).unwrap_or(JsValue::NULL)
+}
+
+/// Events as JavaScript objects (`Event`).
+fn events_js(events: &[Event]) -> JsValue {
+    parsed(&events_string(events))
+}
+
+/// An answer to write as it is (`Answer`): `{status, headers, effects?, body}`.
+fn answer_js(r: &Response) -> JsValue {
+    let o = js_sys::Object::new();
+    set(&o, "status", &JsValue::from(r.status));
+    let headers = js_sys::Object::new();
+    for (k, v) in &r.headers {
+        set(&headers, k, &JsValue::from_str(v));
     }
-    out.push(b'}');
+    set(&o, "headers", &headers);
     if !r.effects.is_empty() {
-        push_str(&mut out, ",\"effects\":");
-        events_json(&r.effects, &mut out);
+        set(&o, "effects", &events_js(&r.effects));
     }
-    push_str(&mut out, "}\n");
-    out.extend_from_slice(&r.body);
-    out
+    set(&o, "body", &Uint8Array::from(r.body.as_slice()));
+    o.into()
 }
 
-/// A step other than an answer: one line of JSON, no body.
-fn step_line(key: &str, value: &relay_core::wire::json::Value) -> Vec<u8> {
-    let mut out = Vec::new();
-    push_str(&mut out, &format!("{{\"{key}\":"));
-    out.extend_from_slice(&canonical::to_vec(value));
-    push_str(&mut out, "}\n");
-    out
+/// A step other than an answer: `{key: value}`.
+fn step_value(key: &str, value: &relay_core::wire::json::Value) -> JsValue {
+    let o = js_sys::Object::new();
+    let text = String::from_utf8(canonical::to_vec(value)).unwrap_or_default();
+    set(&o, key, &parsed(&text));
+    o.into()
 }
 
-/// A step as `handle` returns it: a head line of JSON, then an answer's body.
-fn step_bytes(step: Step) -> Vec<u8> {
+/// A step as `handle` returns it (`Step`): an answer, `{parked}`, `{upgrade}` or `{backup}`.
+fn step_js(step: Step) -> JsValue {
     use relay_core::wire::json::{Object, Value};
     match step {
-        Step::Respond(r) => response_bytes(&r),
-        Step::Parked(p) => step_line("parked", &parked_json(&p)),
+        Step::Respond(r) => answer_js(&r),
+        Step::Parked(p) => step_value("parked", &parked_json(&p)),
         Step::Upgrade(u) => {
             let mut o = Object::new();
             o.insert("token", u.token);
@@ -401,41 +405,32 @@ fn step_bytes(step: Step) -> Vec<u8> {
             );
             close.insert("reason", relay_core::transport::socket::EXPIRED);
             o.insert("expiry_close", close);
-            step_line("upgrade", &Value::Object(o))
+            step_value("upgrade", &Value::Object(o))
         }
-        Step::Backup { path } => step_line("backup", &Value::from(path.as_str())),
+        Step::Backup { path } => step_value("backup", &Value::from(path.as_str())),
     }
 }
 
-/// A frame's answer as `message` returns it.
-fn answer_string(a: relay_core::transport::Answer) -> String {
-    let mut out = Vec::with_capacity(a.text.len() + 2);
+/// A frame's answer as `message` returns it (`Frame`): `{text, close?, effects?, parked?}`;
+/// a parked frame has no text yet (its answer comes back from a report).
+fn frame_js(a: relay_core::transport::Answer) -> JsValue {
+    let o = js_sys::Object::new();
+    set(&o, "text", &JsValue::from_str(&a.text));
+    if let Some((code, reason)) = a.close {
+        set(
+            &o,
+            "close",
+            &Array::of2(&JsValue::from(code), &JsValue::from_str(reason)),
+        );
+    }
+    if !a.effects.is_empty() {
+        set(&o, "effects", &events_js(&a.effects));
+    }
     if let Some(p) = &a.parked {
-        // Not answered: it waits in the core (its answer comes back from a report).
-        push_str(&mut out, "{\"parked\":");
-        out.extend_from_slice(&canonical::to_vec(&parked_json(p)));
-        push_str(&mut out, "}\n");
-        return String::from_utf8(out).unwrap_or_default();
+        let text = String::from_utf8(canonical::to_vec(&parked_json(p))).unwrap_or_default();
+        set(&o, "parked", &parsed(&text));
     }
-    if a.close.is_some() || !a.effects.is_empty() {
-        out.push(b'{');
-        if let Some((code, reason)) = a.close {
-            push_str(&mut out, &format!("\"close\":[{code},"));
-            write_string(reason, &mut out);
-            out.push(b']');
-        }
-        if !a.effects.is_empty() {
-            if a.close.is_some() {
-                out.push(b',');
-            }
-            push_str(&mut out, "\"effects\":");
-            events_json(&a.effects, &mut out);
-        }
-        out.push(b'}');
-    }
-    out.push(b'\n');
-    out.extend_from_slice(a.text.as_bytes());
-    String::from_utf8(out).unwrap_or_default()
+    o.into()
 }
 
 /// `{"key"?: {relay, url, timeout_ms}, "route"?: {account, shard, path, body}}`: the fetch a
@@ -467,8 +462,30 @@ const RESUMED: &'static str = r#"
  * WIT's `resumed`): an HTTP request's step as `handle` returns one, or a WebSocket frame's
  * answer as `message` returns one, under the ticket the host gave it. */
 export type Resumed =
-  | { ticket: number; step: Uint8Array }
-  | { ticket: number; frame: string };
+  | { ticket: number; step: Step }
+  | { ticket: number; frame: Frame };
+
+/** What the host must do after a call (the WIT's `event`), by `type`: `send` (POST `body` to
+ * `url` with `headers`, report with `fetched`), `wake` (tick at `at`), `notify`, `close`,
+ * `accepted`, `delivery_ended`, `operator_action`, `shard_call`. */
+export type Event = { type: string; [field: string]: any };
+/** An answer to write as it is (the WIT's `http-response`): status, headers, the events it
+ * carries, the body's bytes. */
+export interface Answer { status: number; headers: Record<string, string>; effects?: Event[]; body: Uint8Array }
+/** A WebSocket upgrade's session (the WIT's `upgrade`), with the close to make at `expires_at`. */
+export interface Upgrade { token: string; account: string; device_id: string; expires_at: number; expiry_close: { code: number; reason: string } }
+/** The fetch a parked request needs started (the WIT's `parked`; neither: one under way brings it). */
+export interface Parked {
+  key?: { relay: string; url: string; timeout_ms: number };
+  route?: { account: string; shard: number; path: string; body: string };
+}
+/** What the core makes of a request (the WIT's `step`). */
+export type Step = Answer | { parked: Parked } | { upgrade: Upgrade } | { backup: string };
+/** The answer to a WebSocket message (the WIT's `ws-answer`): the frame to send, then maybe a
+ * close; `parked`: the frame waits in the core (no text yet). */
+export interface Frame { text: string; close?: [number, string]; effects?: Event[]; parked?: Parked }
+/** What a tick did (the WIT's `tick-report`). */
+export interface TickReport { events: Event[]; quarantined?: { entry: string; code: string; message: string; at: number }[]; error?: string }
 "#;
 
 /// Resumptions as JavaScript objects (`Resumed`).
@@ -478,14 +495,8 @@ fn resumed_array(resumed: Vec<Resumed>) -> Array {
         let o = js_sys::Object::new();
         let _ = Reflect::set(&o, &"ticket".into(), &JsValue::from(r.ticket));
         let _ = match r.resumption {
-            Resumption::Step(s) => Reflect::set(
-                &o,
-                &"step".into(),
-                &Uint8Array::from(step_bytes(s).as_slice()).into(),
-            ),
-            Resumption::Frame(a) => {
-                Reflect::set(&o, &"frame".into(), &JsValue::from(answer_string(a)))
-            }
+            Resumption::Step(s) => Reflect::set(&o, &"step".into(), &step_js(s)),
+            Resumption::Frame(a) => Reflect::set(&o, &"frame".into(), &frame_js(a)),
         };
         out.push(&o);
     }
@@ -600,7 +611,9 @@ struct DeliveryJs {
 
 /// One relay core over a JS storage object: the engine behind the transports
 /// (`relay_core::transport`). Requests, WebSocket messages and exchange outcomes go in as
-/// bytes, strings and numbers; answers come out as one buffer or string each.
+/// bytes, strings and numbers; what comes out is typed objects that mirror the WIT's records
+/// (`Step`, `Answer`, `Frame`, `Event`, `TickReport`, `Resumed`, `Delivery`, `TimelinePage`),
+/// declared in the generated `.d.ts`.
 #[wasm_bindgen]
 pub struct RelayCore {
     relay: Relay<Grouped<JsStorage>, JsEntropy>,
@@ -668,14 +681,14 @@ impl RelayCore {
 
     /// Handles a request read whole. `headers` is `name\nvalue\n` for each header of
     /// `requestHeaders` present; `origin` the peer's IP address (none in process); `ticket`
-    /// the host's name for the request, unique among those still parked. Returns a line of
-    /// JSON and, for an answer, its body: `{"status", "headers", "effects"?}\nBODY`, or
-    /// `{"upgrade": {token, account, device_id, expires_at, expiry_close}}`, `{"backup": path}`,
-    /// `{"parked": {"key"?: {relay, url, timeout_ms}, "route"?: {account, shard, path, body}}}`:
-    /// the request waits in the core; start the fetch it names (GET the key document; POST
-    /// `body` to `path` on that shard), report it with `keyFetched` / `routeFetched`, and its
-    /// step comes back from that report under `ticket`.
+    /// the host's name for the request, unique among those still parked. Returns the `Step`:
+    /// an `Answer` (`{status, headers, effects?, body}`), or `{upgrade}`, `{backup: path}`, or
+    /// `{parked: {key?: {relay, url, timeout_ms}, route?: {account, shard, path, body}}}`: the
+    /// request waits in the core; start the fetch it names (GET the key document; POST `body`
+    /// to `path` on that shard), report it with `keyFetched` / `routeFetched`, and its step
+    /// comes back from that report under `ticket`.
     #[allow(clippy::too_many_arguments)]
+    #[wasm_bindgen(unchecked_return_type = "Step")]
     pub fn handle(
         &mut self,
         admin: bool,
@@ -687,9 +700,9 @@ impl RelayCore {
         origin: Option<String>,
         ticket: u32,
         now: f64,
-    ) -> Vec<u8> {
+    ) -> JsValue {
         let req = Request::from_lines(admin, method, path, query, headers, body, origin);
-        step_bytes(self.relay.handle(&req, ticket, now as u64))
+        step_js(self.relay.handle(&req, ticket, now as u64))
     }
 
     /// Requests and frames parked in this core now, waiting for a fetch's report.
@@ -698,11 +711,11 @@ impl RelayCore {
     }
 
     /// A `send` event of a sibling shard whose `shard` names this core (its `url` and
-    /// `body`), run as the relay's own call with no relay authentication: the answer as
-    /// `handle` gives one (`{"status", "headers", "effects"?}\nBODY`), for the sibling's
-    /// `fetched`. A host passes nothing else here.
-    pub fn sibling(&mut self, url: &str, body: &[u8], now: f64) -> Vec<u8> {
-        response_bytes(&self.relay.sibling(url, body, now as u64))
+    /// `body`), run as the relay's own call with no relay authentication: the `Answer`, for
+    /// the sibling's `fetched`. A host passes nothing else here.
+    #[wasm_bindgen(unchecked_return_type = "Answer")]
+    pub fn sibling(&mut self, url: &str, body: &[u8], now: f64) -> JsValue {
+        answer_js(&self.relay.sibling(url, body, now as u64))
     }
 
     /// Reports the `route.get` a parked step named on the sibling shard: the parked
@@ -751,10 +764,10 @@ impl RelayCore {
         )
     }
 
-    /// A WebSocket text message of the session `token`: `HEAD\nFRAME`, the answer frame
-    /// after a line that is empty, or `{"close"?: [code, reason], "effects"?: [...]}`; or
-    /// `{"parked": {...}}` and no frame: the frame waits in the core under `ticket`, as for
-    /// `handle`'s parked step.
+    /// A WebSocket text message of the session `token`: the `Frame` (`{text, close?,
+    /// effects?}`), or `{parked, text: ""}`: the frame waits in the core under `ticket`, as
+    /// for `handle`'s parked step.
+    #[wasm_bindgen(unchecked_return_type = "Frame")]
     pub fn message(
         &mut self,
         token: &str,
@@ -762,31 +775,33 @@ impl RelayCore {
         text: &str,
         ticket: u32,
         now: f64,
-    ) -> String {
-        answer_string(
+    ) -> JsValue {
+        frame_js(
             self.relay
                 .message(token, origin.as_deref(), text, ticket, now as u64),
         )
     }
 
-    /// Reports what became of a `send` event the host carried. Returns the events JSON.
+    /// Reports what became of a `send` event the host carried: the events to carry out.
+    #[wasm_bindgen(unchecked_return_type = "Event[]")]
     pub fn fetched(
         &mut self,
         task: &str,
         attempt: u32,
         #[wasm_bindgen(unchecked_param_type = "FetchOutcome")] outcome: JsValue,
         now: f64,
-    ) -> String {
-        events_string(
+    ) -> JsValue {
+        events_js(
             &self
                 .relay
                 .fetched(task, attempt, fetch_of(&outcome), now as u64),
         )
     }
 
-    /// Runs what is due: JSON `{"events": [...], "quarantined"?: [{entry, code, message, at}],
-    /// "error"?: "code: message"}`; the events end with the next wake-up, if any.
-    pub fn tick(&mut self, now: f64) -> String {
+    /// Runs what is due: the `TickReport` (`{events, quarantined?: [{entry, code, message,
+    /// at}], error?: "code: message"}`); the events end with the next wake-up, if any.
+    #[wasm_bindgen(unchecked_return_type = "TickReport")]
+    pub fn tick(&mut self, now: f64) -> JsValue {
         let t = self.relay.tick(now as u64);
         let mut out = Vec::with_capacity(128);
         push_str(&mut out, "{\"events\":");
@@ -801,11 +816,12 @@ impl RelayCore {
             write_string(e, &mut out);
         }
         out.push(b'}');
-        String::from_utf8(out).unwrap_or_default()
+        parsed(&String::from_utf8(out).unwrap_or_default())
     }
 
     /// Calls a method in process; `callerKind` is `anonymous`, `session`, `relay` or
     /// `operator`; `origin` as for `handle`. Returns the answer as `handle` does.
+    #[wasm_bindgen(unchecked_return_type = "Answer")]
     pub fn call(
         &mut self,
         caller_kind: &str,
@@ -814,7 +830,7 @@ impl RelayCore {
         method: &str,
         params: &[u8],
         now: f64,
-    ) -> Vec<u8> {
+    ) -> JsValue {
         let r = match Method::parse(method) {
             Some(m) => self.relay.call(
                 &caller(caller_kind, caller_value),
@@ -825,7 +841,7 @@ impl RelayCore {
             ),
             None => Response::fail(relay_core::ErrorCode::NotFound, "unknown method"),
         };
-        response_bytes(&r)
+        answer_js(&r)
     }
 
     /// The same call with structured values through serde-wasm-bindgen (kept for the boundary benchmark).
@@ -929,33 +945,36 @@ impl RelayCore {
     }
 
     /// The answer when the host's queue of work for the core is full (503), as `handle` gives it.
-    pub fn busy() -> Vec<u8> {
-        response_bytes(&Response::busy())
+    #[wasm_bindgen(unchecked_return_type = "Answer")]
+    pub fn busy() -> JsValue {
+        answer_js(&Response::busy())
     }
 
     /// The answer for a call lost before it committed (500), as `handle` gives it.
-    pub fn uncommitted() -> Vec<u8> {
-        response_bytes(&Response::uncommitted())
+    #[wasm_bindgen(unchecked_return_type = "Answer")]
+    pub fn uncommitted() -> JsValue {
+        answer_js(&Response::uncommitted())
     }
 
     /// The answer to a request the host refused on its own (`transport::Refusal` by name:
     /// `too_large` with the limit, `body_timeout` with the ms, `unreadable_body`,
     /// `unreadable_target`), as `handle` gives answers; it closes the connection.
-    pub fn refused(name: &str, n: f64) -> Result<Vec<u8>, JsValue> {
+    #[wasm_bindgen(unchecked_return_type = "Answer")]
+    pub fn refused(name: &str, n: f64) -> Result<JsValue, JsValue> {
         let r = relay_core::transport::Refusal::from_name(name, n as u64)
             .ok_or_else(|| JsValue::from(js_sys::Error::new(&format!("no refusal {name}"))))?;
-        Ok(response_bytes(&Response::refused(r)))
+        Ok(answer_js(&Response::refused(r)))
     }
 
     /// The answer to a backup step: `{"bytes", "path"}` once written, or 500 `internal` with
     /// `error` when it was not; as `handle` gives answers.
-    #[wasm_bindgen(js_name = backupAnswer)]
-    pub fn backup_answer(path: &str, bytes: f64, error: Option<String>) -> Vec<u8> {
+    #[wasm_bindgen(js_name = backupAnswer, unchecked_return_type = "Answer")]
+    pub fn backup_answer(path: &str, bytes: f64, error: Option<String>) -> JsValue {
         let written = match &error {
             Some(e) => Err(e.as_str()),
             None => Ok(bytes as u64),
         };
-        response_bytes(&Response::backup(path, written))
+        answer_js(&Response::backup(path, written))
     }
 
     /// The health check a request of `method` on `path` is (`live`, `ready`), if it is one
@@ -967,12 +986,12 @@ impl RelayCore {
 
     /// The answer to health check `check` (`live`, `ready`), with why the relay is not
     /// ready if it is not; as `handle` gives answers.
-    #[wasm_bindgen(js_name = healthAnswer)]
-    pub fn health_answer(check: &str, not_ready: Option<String>) -> Result<Vec<u8>, JsValue> {
+    #[wasm_bindgen(js_name = healthAnswer, unchecked_return_type = "Answer")]
+    pub fn health_answer(check: &str, not_ready: Option<String>) -> Result<JsValue, JsValue> {
         let check = health::Check::from_name(check).ok_or_else(|| {
             JsValue::from(js_sys::Error::new(&format!("no health check {check}")))
         })?;
-        Ok(response_bytes(&health::answer(check, not_ready.as_deref())))
+        Ok(answer_js(&health::answer(check, not_ready.as_deref())))
     }
 
     /// The content type of the metrics text (Prometheus text format 0.0.4).

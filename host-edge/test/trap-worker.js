@@ -44,7 +44,7 @@ export default {
     first.__destroy_into_raw();
     reset();
     const fresh = new RelayCore(config, store, new Uint8Array(32), 'token');
-    const after = { generation, relay: JSON.parse(fresh.wellKnown()).relay, tick: JSON.parse(fresh.tick(Date.now())) };
+    const after = { generation, relay: JSON.parse(fresh.wellKnown()).relay, tick: fresh.tick(Date.now()) };
     return Response.json({ before, trap, after, keys: store.rows.size });
   },
 };

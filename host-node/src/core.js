@@ -8,12 +8,10 @@ import fs from 'node:fs';
 import vm from 'node:vm';
 import { hostCrypto } from './native.js';
 import { Log, messageOf } from './log.js';
-import { stepOf, frameOf, isTrap } from './kit/step.js';
+import { isTrap } from './kit/step.js';
 import { CommitGroup } from './kit/group.js';
-import { resumedOf } from './kit/requests.js';
 import { tuning } from './tuning.js';
 
-export { stepOf };
 
 /** The core as a classic script (wasm-bindgen's no-modules target): each run of it is an instance of its own. */
 const SCRIPT = new URL('../pkg/relay_wasm_script.js', import.meta.url);
@@ -71,13 +69,13 @@ export const newHostMetrics = () => (core(), new statics.HostMetrics());
  */
 export const transportMetricsText = (m) => core().transportMetrics(m.connections, m.websockets, m.refused.limit, m.refused.perIp, m.busy, m.dropped);
 /** The answer when the work waiting for the core is full: 503 unavailable, Retry-After 1. @returns {Answer} */
-export const busyAnswer = () => /** @type {Answer} */ (stepOf(core().busy()));
+export const busyAnswer = () => /** @type {Answer} */ (core().busy());
 /** The content type of the metrics text (Prometheus 0.0.4), the core's. @returns {string} */
 export const metricsType = () => core().metricsType();
 /** The health check a request is (`live`, `ready`), or null: the core decides which. @param {string} method @param {string} path @returns {'live' | 'ready' | null} */
 export const healthCheck = (method, path) => core().healthCheck(method, path) ?? null;
 /** The answer to a health check, in the core's words. @param {'live' | 'ready'} check @param {string | null} notReady @returns {Answer} */
-export const healthAnswer = (check, notReady) => /** @type {Answer} */ (stepOf(core().healthAnswer(check, notReady)));
+export const healthAnswer = (check, notReady) => /** @type {Answer} */ (core().healthAnswer(check, notReady));
 /** Why a relay is not ready (the core's words), or null. @param {{stopping?: boolean, coreDown?: boolean, storageFailing?: boolean}} s @returns {string | null} */
 export const notReady = (s) => core().notReady(Boolean(s.stopping), Boolean(s.coreDown), Boolean(s.storageFailing)) ?? null;
 /** The close every WebSocket gets when its relay stops (1001). @returns {[number, string]} */
@@ -118,15 +116,15 @@ export const vettedAddresses = (network, allowPrivate) => core().vettedAddresses
  * @param {number} [n] the limit (bytes) or the timeout (ms)
  * @returns {Answer}
  */
-export const refused = (name, n = 0) => /** @type {Answer} */ (stepOf(core().refused(name, n)));
+export const refused = (name, n = 0) => /** @type {Answer} */ (core().refused(name, n));
 /**
  * The answer to a backup step, as the core spells it: `{bytes, path}` once written, or 500
  * internal with `error`.
  * @param {string} path @param {number} bytes @param {string | null} error @returns {Answer}
  */
-export const backupAnswer = (path, bytes, error) => /** @type {Answer} */ (stepOf(core().backupAnswer(path, bytes, error)));
+export const backupAnswer = (path, bytes, error) => /** @type {Answer} */ (core().backupAnswer(path, bytes, error));
 /** The answer for a call lost before it committed: 500 internal, nothing was accepted. @returns {Answer} */
-export const uncommitted = () => /** @type {Answer} */ (stepOf(core().uncommitted()));
+export const uncommitted = () => /** @type {Answer} */ (core().uncommitted());
 
 /**
  * @typedef {object} Storage
@@ -198,7 +196,7 @@ export class Core {
    */
   async grouped(f) {
     const { out, committed } = await this.#inGroup(f);
-    return committed ? stepOf(out) : uncommitted();
+    return committed ? out : uncommitted();
   }
 
   /**
@@ -249,7 +247,7 @@ export class Core {
   /** A call into the core read as a step; a trap answers `uncommitted`. */
   #step(f, flush) {
     const bytes = flush ? this.guard(f, null) : this.#run(f, null);
-    return bytes === null ? uncommitted() : stepOf(bytes);
+    return bytes === null ? uncommitted() : bytes;
   }
 
   /** Runs `f` against the instance, after committing any open group (so its answer and effects never precede a commit). */
@@ -316,7 +314,7 @@ export class Core {
     const { out, committed } = await this.#inGroup((c) => c.keyFetched(relay, outcome, now));
     // A trap: the fresh instance has no parked requests, and the relay answers them all.
     if (out === null) return { resumed: [], lost: false };
-    return { resumed: out.map(resumedOf), lost: !committed };
+    return { resumed: out, lost: !committed };
   }
   /**
    * A WebSocket text message: the answer frame, and the close to follow it and effects, if
@@ -325,7 +323,7 @@ export class Core {
    */
   message(token, origin, text, ticket, now) {
     const s = this.guard((c) => c.message(token, origin, text, ticket, now), null);
-    return s === null ? null : frameOf(s);
+    return s;
   }
   /** Calls a method in process (no commit group). @returns {Answer} */
   call(kind, value, origin, method, params, now) {
@@ -356,7 +354,7 @@ export class Core {
    * @returns {object[]}
    */
   fetched(task, attempt, outcome, now) {
-    return JSON.parse(this.guard((c) => c.fetched(task, attempt, outcome, now), '[]'));
+    return this.guard((c) => c.fetched(task, attempt, outcome, now), []);
   }
   /**
    * Runs what is due: the events (ending with the next wake-up, if any), the entries the
@@ -364,7 +362,7 @@ export class Core {
    * @returns {{events: object[], quarantined?: Array<{entry: string, code: string, message: string, at: number}>, error?: string}}
    */
   tick(now) {
-    return JSON.parse(this.guard((c) => c.tick(now), '{"events":[],"error":"the core trapped"}'));
+    return this.guard((c) => c.tick(now), { events: [], error: 'the core trapped' });
   }
   /**
    * The core's counters and destination gauges in the Prometheus text format ('' when the

@@ -8,7 +8,6 @@
 // generation change.
 
 import * as glue from '../../pkg/web/relay_wasm.js';
-import { stepOf } from '../kit/step.js';
 import wasm from '../../pkg/web/relay_wasm_bg.wasm';
 
 glue.initSync({ module: wasm });
@@ -26,10 +25,9 @@ export function reset() {
   generation += 1;
 }
 
-export { stepOf };
 
 /** The answer for a call lost before it committed (500 internal: nothing was accepted). */
-export const uncommitted = () => stepOf(RelayCore.uncommitted());
+export const uncommitted = () => RelayCore.uncommitted();
 
 /** The request headers the core reads (lowercase). */
 export const REQUEST_HEADERS = RelayCore.requestHeaders().split(',');

@@ -13,11 +13,11 @@
 
 import { DurableObject } from 'cloudflare:workers';
 import { connect } from 'cloudflare:sockets';
-import { Alarm, RelayCore, REQUEST_HEADERS, generation, reset, stepOf, uncommitted, headerText, shardOf } from './core.js';
+import { Alarm, RelayCore, REQUEST_HEADERS, generation, reset, uncommitted, headerText, shardOf } from './core.js';
 import { SqlStore, ShardIndex } from './store.js';
-import { EMPTY, frameOf, isTrap } from '../kit/step.js';
+import { EMPTY, isTrap } from '../kit/step.js';
 import { CommitGroup } from '../kit/group.js';
-import { Parking, answer as answerOf, answerFrame, resumedOf, runEvents } from '../kit/requests.js';
+import { Parking, answer as answerOf, answerFrame, runEvents } from '../kit/requests.js';
 import { answered, notSent, unknown, failure, readAll } from '../kit/outcome.js';
 
 /** The keys of CONFIG that are the engine's own options (relay-settings' `Engine`). */
@@ -113,7 +113,7 @@ const shard = (env, k) => env.RELAY.get(env.RELAY.idFromName(`shard-${k}`));
 async function readBody(request, limit) {
   const declared = Number(request.headers.get('content-length'));
   const body = Number.isFinite(declared) && declared > limit ? null : await readAll(request.body, limit);
-  return body ?? respond(stepOf(RelayCore.refused('too_large', limit)));
+  return body ?? respond(RelayCore.refused('too_large', limit));
 }
 
 /** `max_request_bytes` under the configured policies, as every shard's core takes them (read once per isolate). */
@@ -128,7 +128,7 @@ async function health(env, check, count) {
       if (r.status !== 200) return r;
     }
   }
-  return respond(stepOf(RelayCore.healthAnswer(check, null)));
+  return respond(RelayCore.healthAnswer(check, null));
 }
 
 /**
@@ -159,7 +159,7 @@ export default {
       url = new URL(request.url);
     } catch {
       // A target workerd passed on but no URL reads (`http://[::1/v1/ws`): the core's 400.
-      return respond(stepOf(RelayCore.refused('unreadable_target', 0)));
+      return respond(RelayCore.refused('unreadable_target', 0));
     }
     const count = Math.max(1, Number(env.CONFIG?.shards ?? 1));
     /** The shard's object and the request for it. @type {{k: number, init: RequestInit}} */
@@ -384,14 +384,14 @@ export class RelayShard extends DurableObject {
   /**
    * Reports a fetch a parked step named (`f` calls keyFetched or routeFetched) in the commit
    * group: what it resumed, released after the group commits (`lost` when it failed).
-   * @param {(core: any) => import('../kit/requests.js').RawResumed[]} f
+   * @param {(core: any) => import('../kit/requests.js').Resumed[]} f
    * @returns {Promise<import('../kit/requests.js').Report>}
    */
   async #report(f) {
-    /** @type {import('../kit/requests.js').RawResumed[]} */
+    /** @type {import('../kit/requests.js').Resumed[]} */
     let raw = [];
     const held = await this.#grouped((c) => (raw = f(c)));
-    return { resumed: raw.map(resumedOf), lost: held === null };
+    return { resumed: raw, lost: held === null };
   }
 
   /** Commits the open group's writes in one transaction (throws when it could not). */
@@ -464,7 +464,7 @@ export class RelayShard extends DurableObject {
     // The Worker's own calls (a GET each): readiness, and the metrics of the admin door.
     if (request.method === 'GET' && url.pathname === '/readyz') {
       const why = this.#ensure() ? null : RelayCore.notReady(false, true, false) + (this.broken ? `: ${this.broken}` : '');
-      return respond(stepOf(RelayCore.healthAnswer('ready', why)));
+      return respond(RelayCore.healthAnswer('ready', why));
     }
     // No core (a store this relay must not open, a bad configuration): every call says why.
     if (!this.#ensure()) return json(503, errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`));
@@ -472,7 +472,7 @@ export class RelayShard extends DurableObject {
     if (admin && request.method === 'GET' && url.pathname === '/metrics') {
       const m = this.#call((c) => c.metrics(Date.now()), null);
       const why = () => RelayCore.notReady(false, true, false) + (this.broken ? `: ${this.broken}` : '');
-      return m === null ? respond(stepOf(RelayCore.healthAnswer('ready', why()))) : text(200, m, RelayCore.metricsType());
+      return m === null ? respond(RelayCore.healthAnswer('ready', why())) : text(200, m, RelayCore.metricsType());
     }
     const req = {
       admin,
@@ -512,7 +512,7 @@ export class RelayShard extends DurableObject {
     return answerOf(
       async (ticket) => {
         const out = await this.#grouped((c) => c.handle(req.admin, req.method, req.path, req.query, req.headers, req.body, req.origin, ticket, Date.now()));
-        return out === null ? uncommitted() : stepOf(out);
+        return out === null ? uncommitted() : out;
       },
       {
         parking: this.parking,
@@ -575,7 +575,7 @@ export class RelayShard extends DurableObject {
     const frame = await answerFrame(
       (ticket) => {
         const out = this.#call((c) => c.message(a.token, a.origin ?? null, textOf, ticket, Date.now()), null);
-        return out === null ? null : frameOf(out);
+        return out;
       },
       { parking: this.parking, uncommitted: () => RelayCore.uncommittedFrame(textOf) },
     );
@@ -614,7 +614,7 @@ export class RelayShard extends DurableObject {
   #tick() {
     const out = this.#call((c) => c.tick(Date.now()), null);
     if (out === null) return; // no core, or the call failed and `#call` armed the retry
-    const t = JSON.parse(out);
+    const t = out;
     for (const q of t.quarantined ?? []) {
       console.warn(`tick entry quarantined: it could not be processed and was set aside (admin.deliveries lists it): ${JSON.stringify(q)}`);
     }
@@ -662,7 +662,7 @@ export class RelayShard extends DurableObject {
   async #attempt(e) {
     const r = e.shard !== undefined && e.shard !== null ? await this.#toSibling(e.shard, e.url, encoder.encode(e.body)) : await this.#exchange('POST', e.url, e.headers, e.body, e.timeout_ms);
     // In the commit group of its turn, like a request: its events run after the commit.
-    this.#run(JSON.parse((await this.#grouped((c) => c.fetched(e.task, e.attempt, r, Date.now()))) ?? '[]'));
+    this.#run((await this.#grouped((c) => c.fetched(e.task, e.attempt, r, Date.now()))) ?? []);
   }
 
   /**
@@ -690,7 +690,7 @@ export class RelayShard extends DurableObject {
     this.#learn(k);
     if (!this.#ensure()) return { status: 503, body: encoder.encode(JSON.stringify(errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`))) };
     const out = await this.#grouped((c) => c.sibling(url, body, Date.now()));
-    const s = out === null ? uncommitted() : stepOf(out);
+    const s = out === null ? uncommitted() : out;
     this.#run(s.effects);
     return { status: s.status, body: s.body.slice() };
   }

@@ -7,8 +7,6 @@
 // what came, and the report hands back the parked requests' steps by ticket. The host never
 // resubmits a request, counts rounds or coalesces fetches: the core does.
 
-import { stepOf, frameOf } from './step.js';
-
 /**
  * @typedef {import('./step.js').Step} Step
  * @typedef {import('./step.js').Answer} Answer
@@ -19,7 +17,6 @@ import { stepOf, frameOf } from './step.js';
  * @typedef {import('./step.js').Frame} Frame
  * @typedef {import('./step.js').Event} Event
  * @typedef {import('./outcome.js').Outcome} Outcome
- * @typedef {{ticket: number, step: Uint8Array} | {ticket: number, frame: string}} RawResumed
  * @typedef {{ticket: number, step: Step} | {ticket: number, frame: Frame}} Resumed
  * @typedef {{resumed: Resumed[], lost: boolean}} Report what a fetch's report resumed, and
  *   whether its commit group failed (then none of it was accepted)
@@ -48,11 +45,6 @@ class Waiter {
     if (this.queue.length) return Promise.resolve(/** @type {Resumed | null} */ (this.queue.shift()));
     return new Promise((resolve) => (this.take = resolve));
   }
-}
-
-/** A resumption the core made, read (a step, or a frame's answer). @param {RawResumed} r @returns {Resumed} */
-export function resumedOf(r) {
-  return 'step' in r ? { ticket: r.ticket, step: stepOf(r.step) } : { ticket: r.ticket, frame: frameOf(r.frame) };
 }
 
 /** Whether a resumption parks its request again (it keeps waiting under the same ticket). @param {Resumed} r */
