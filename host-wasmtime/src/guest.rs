@@ -942,6 +942,68 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Requests parked in an instance that traps end their wait with it (their channels
+    /// close: the host answers each as uncommitted), and the fresh instance holds none of them.
+    #[test]
+    fn a_trap_ends_the_wait_of_every_parked_request() {
+        use relay_core::wire::identity::RelayId;
+        let dir = scratch("parked-trap");
+        let mut core = load(&dir.join("relay.sqlite"));
+        let (peer, me) = (
+            RelayId::parse("http://127.0.0.1:2").unwrap(),
+            RelayId::parse(RELAY).unwrap(),
+        );
+        let body = br#"{"account":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#;
+        let mut waits = Vec::new();
+        for n in 0..3u8 {
+            let now = crate::now_ms();
+            let h = relay_core::wire::relay_request::sign(
+                &[9; 32],
+                "dev",
+                "route.get",
+                &peer,
+                &me,
+                now,
+                &[n; 16],
+                body,
+            );
+            let req = HttpRequest {
+                listener: Listener::Public,
+                method: "POST".into(),
+                path: "/relay/v1/route.get".into(),
+                query: String::new(),
+                headers: h
+                    .pairs()
+                    .iter()
+                    .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+                    .collect(),
+                body: body.to_vec(),
+                origin: Some("127.0.0.1".into()),
+            };
+            let (step, wait) = core.handle(&req, None, now);
+            match step {
+                // One fetch for the three: the first names it, the others wait for it.
+                Step::Parked(p) => assert_eq!(p.start.is_some(), n == 0),
+                other => panic!("request {n} was not parked: {other:?}"),
+            }
+            waits.push(wait.expect("a parked request waits"));
+        }
+        assert_eq!(trapping_call(&mut core).status, 500);
+        for mut w in waits {
+            assert!(
+                matches!(
+                    w.try_recv(),
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected)
+                ),
+                "a parked request of the trapped instance still waits"
+            );
+        }
+        let resumed = core.key_fetched(peer.as_str(), &Fetch::NotSent, crate::now_ms());
+        assert!(resumed.is_empty(), "the fresh instance parked nothing");
+        drop(core);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_trap_whose_fresh_instance_cannot_start_fails_closed_and_keeps_the_real_storage() {
         let dir = scratch("fails-closed");
