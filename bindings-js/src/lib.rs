@@ -356,6 +356,11 @@ fn parsed(json: &str) -> JsValue {
     js_sys::JSON::parse(json).unwrap_or(JsValue::NULL)
 }
 
+/// A JSON value the core made, as a JavaScript value (through its canonical text).
+fn value_js(value: &relay_core::wire::json::Value) -> JsValue {
+    parsed(&String::from_utf8(canonical::to_vec(value)).unwrap_or_default())
+}
+
 /// Events as JavaScript objects (`Event`).
 fn events_js(events: &[Event]) -> JsValue {
     parsed(&events_string(events))
@@ -380,8 +385,7 @@ fn answer_js(r: &Response) -> JsValue {
 /// A step other than an answer: `{key: value}`.
 fn step_value(key: &str, value: &relay_core::wire::json::Value) -> JsValue {
     let o = js_sys::Object::new();
-    let text = String::from_utf8(canonical::to_vec(value)).unwrap_or_default();
-    set(&o, key, &parsed(&text));
+    set(&o, key, &value_js(value));
     o.into()
 }
 
@@ -427,8 +431,7 @@ fn frame_js(a: relay_core::transport::Answer) -> JsValue {
         set(&o, "effects", &events_js(&a.effects));
     }
     if let Some(p) = &a.parked {
-        let text = String::from_utf8(canonical::to_vec(&parked_json(p))).unwrap_or_default();
-        set(&o, "parked", &parsed(&text));
+        set(&o, "parked", &value_js(&parked_json(p)));
     }
     o.into()
 }
@@ -581,8 +584,7 @@ fn typed<T: serde::Serialize>(
     match r {
         Ok(t) => {
             let v = t.value.serialize(&ser)?;
-            let events = js_sys::JSON::parse(&events_string(&t.events))?;
-            Reflect::set(&v, &"events".into(), &events)?;
+            Reflect::set(&v, &"events".into(), &events_js(&t.events))?;
             Ok(v)
         }
         Err(f) => {
