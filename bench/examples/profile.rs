@@ -106,7 +106,10 @@ fn calls() {
     for l in log.borrow_mut().drain(..) {
         println!("  {l}");
     }
-    let peer = Caller::Relay(RelayId::parse(fixture::PEER_RELAY).expect("peer"));
+    let peer = Caller::relay_at(
+        RelayId::parse(fixture::PEER_RELAY).expect("peer"),
+        Some(fixture::ROUTE_REVISION),
+    );
     let r = e.call(&peer, "message.deliver", &fx.delivers[0], now);
     assert_eq!(r.http_status(), 200);
     on.set(false);
@@ -158,7 +161,10 @@ fn component(n: usize, metered: bool) {
     }
     let (send, f1, t) = (t.elapsed(), core.fuel_spent, Instant::now());
     for p in &fx.delivers {
-        let peer = guest::Caller::Relay(fixture::PEER_RELAY.into());
+        let peer = guest::Caller::Relay(guest::RelayCaller {
+            relay: fixture::PEER_RELAY.into(),
+            route_revision: Some(fixture::ROUTE_REVISION),
+        });
         let r = core.call(&peer, "message.deliver", p, now);
         assert_eq!(r.status, 200);
     }
@@ -191,7 +197,10 @@ fn native(n: usize) {
         assert_eq!(r.http_status(), 200);
     }
     let (send, t) = (t.elapsed(), Instant::now());
-    let peer = Caller::Relay(RelayId::parse(fixture::PEER_RELAY).expect("peer"));
+    let peer = Caller::relay_at(
+        RelayId::parse(fixture::PEER_RELAY).expect("peer"),
+        Some(fixture::ROUTE_REVISION),
+    );
     for p in &fx.delivers {
         let r = e.call(&peer, "message.deliver", p, now);
         assert_eq!(r.http_status(), 200);

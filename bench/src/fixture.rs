@@ -13,6 +13,8 @@ pub const NET: &str = "dev";
 pub const INPROC_RELAY: &str = "http://127.0.0.1:1";
 /// The peer relay that calls message.deliver in-process.
 pub const PEER_RELAY: &str = "http://127.0.0.2:1";
+/// The revision of every route the fixture makes (and so of what its deliveries target).
+pub const ROUTE_REVISION: u64 = 1;
 /// Sender accounts (registered here, round-robin over sends).
 const SENDERS: usize = 16;
 /// Remote sender accounts (their messages arrive by message.deliver).
@@ -69,7 +71,7 @@ impl Fixture {
         let far = remote.map(|relay| {
             let key = AccountKey::generate(&mut self.rng);
             let device = DeviceKey::generate(&mut self.rng);
-            let route = draft::route(NET, &key.id(), relay, 1, now).sign(&key);
+            let route = draft::route(NET, &key.id(), relay, ROUTE_REVISION, now).sign(&key);
             let cert = draft::certificate(NET, &key, &device, &["send"], now).sign(&key);
             (Account { key, device, cert }, route)
         });
@@ -100,6 +102,7 @@ impl Fixture {
         let mut o = Object::new();
         o.insert("relay", self.relay.as_str());
         o.insert("peer", PEER_RELAY);
+        o.insert("route_revision", ROUTE_REVISION);
         o.insert(
             "accounts",
             Value::Array(
@@ -163,7 +166,7 @@ fn local(rng: &mut ChaCha20Rng, a: &Account, relay: &str, now: u64) -> Local {
     let mut p = Object::new();
     p.insert(
         "route",
-        draft::route(NET, &a.key.id(), relay, 1, now).sign(&a.key),
+        draft::route(NET, &a.key.id(), relay, ROUTE_REVISION, now).sign(&a.key),
     );
     p.insert("certificate", a.cert.clone());
     p.insert("discoverable", true);

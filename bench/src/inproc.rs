@@ -83,7 +83,10 @@ fn native_call<S: Storage>(
     let c = match caller {
         As::Anonymous => Caller::Anonymous,
         As::Session(t) => Caller::Session(t.to_string()),
-        As::Relay(r) => Caller::Relay(RelayId::parse(r).expect("relay id")),
+        As::Relay(r) => Caller::relay_at(
+            RelayId::parse(r).expect("relay id"),
+            Some(crate::fixture::ROUTE_REVISION),
+        ),
     };
     let r = e.call(&c, method, params, now_ms());
     (r.http_status(), r.body())
@@ -137,7 +140,10 @@ impl Target for Wasm {
         let c = match caller {
             As::Anonymous => guest::Caller::Anonymous,
             As::Session(t) => guest::Caller::Session(t.to_string()),
-            As::Relay(r) => guest::Caller::Relay(r.to_string()),
+            As::Relay(r) => guest::Caller::Relay(guest::RelayCaller {
+                relay: r.to_string(),
+                route_revision: Some(crate::fixture::ROUTE_REVISION),
+            }),
         };
         let r = self.core.call(&c, method, params, now_ms());
         (r.status, r.body)

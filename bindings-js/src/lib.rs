@@ -208,12 +208,24 @@ impl Entropy for JsEntropy {
     }
 }
 
+/// A caller from its kind and value. A relay's value is its id and, for `message.deliver`,
+/// a space and the recipient's route revision the delivery targets (`relayValue` in
+/// relay-node builds it); a value that is neither is anonymous.
 fn caller(kind: &str, value: &str) -> Caller {
     match kind {
         "session" => Caller::Session(value.to_string()),
-        "relay" => RelayId::parse(value)
-            .map(Caller::Relay)
-            .unwrap_or(Caller::Anonymous),
+        "relay" => {
+            let (id, revision) = match value.split_once(' ') {
+                Some((id, rev)) => match rev.parse::<u64>() {
+                    Ok(r) => (id, Some(r)),
+                    Err(_) => return Caller::Anonymous,
+                },
+                None => (value, None),
+            };
+            RelayId::parse(id)
+                .map(|id| Caller::relay_at(id, revision))
+                .unwrap_or(Caller::Anonymous)
+        }
         "operator" => Caller::Operator,
         _ => Caller::Anonymous,
     }
@@ -587,12 +599,17 @@ fn typed<T: serde::Serialize>(
             Reflect::set(&v, &"events".into(), &events_js(&t.events))?;
             Ok(v)
         }
-        Err(f) => {
-            let e = js_sys::Error::new(&format!("{}: {}", f.error.code, f.error.message));
-            Reflect::set(&e, &"payload".into(), &f.serialize(&ser)?)?;
-            Err(e.into())
-        }
+        Err(f) => Err(failure_js(&f)?),
     }
+}
+
+/// A typed call's refusal as JavaScript throws it: an `Error` whose `payload` is the
+/// `Failure` (as jco throws a WIT `result`'s error).
+fn failure_js(f: &relay_core::transport::typed::Failure) -> Result<JsValue, JsValue> {
+    let ser = serde_wasm_bindgen::Serializer::json_compatible();
+    let e = js_sys::Error::new(&format!("{}: {}", f.error.code, f.error.message));
+    Reflect::set(&e, &"payload".into(), &f.serialize(&ser)?)?;
+    Ok(e.into())
 }
 
 /// A DeliveryStatus answer as the WIT's `delivery`: `{status, events}`.
@@ -958,6 +975,13 @@ impl RelayCore {
         answer_js(&Response::uncommitted())
     }
 
+    /// The refusal of a typed call lost before it committed (a trap): the `Error` the typed
+    /// calls throw, its `payload` the `internal` Failure.
+    #[wasm_bindgen(js_name = uncommittedFailure)]
+    pub fn uncommitted_failure() -> Result<JsValue, JsValue> {
+        failure_js(&relay_core::transport::typed::Failure::uncommitted())
+    }
+
     /// The answer to a request the host refused on its own (`transport::Refusal` by name:
     /// `too_large` with the limit, `body_timeout` with the ms, `unreadable_body`,
     /// `unreadable_target`), as `handle` gives answers; it closes the connection.
@@ -1128,6 +1152,7 @@ impl RelayCore {
             now as u64,
             &nonce,
             body.as_bytes(),
+            None,
         );
         let mut o = relay_core::wire::json::Object::new();
         o.insert("relay_id", h.relay_id.as_str());

@@ -136,10 +136,18 @@ impl Client {
     }
 
     /// Like [`Client::call`] at `relay`, with a session of that relay (opened there if needed).
+    ///
+    /// It re-opens the session once on `unauthenticated`, and once on a `not_home_relay`
+    /// whose route names `relay` itself: the account moved away and back since the session
+    /// was opened, so it belongs to an earlier home span and only a fresh one serves
+    /// (protocol.md, "Home relay changes", rule 6).
     pub fn call_at(&mut self, relay: &str, method: &str, body: &[u8]) -> Result<Object, CallError> {
         let token = self.session_at(relay).map_err(to_call)?;
         match self.http.call(relay, method, Some(&token), body) {
-            Err(CallError::Relay(e)) if e.code == "unauthenticated" => {
+            Err(CallError::Relay(e))
+                if e.code == "unauthenticated"
+                    || (e.code == "not_home_relay" && route_names(e.data.as_ref(), relay)) =>
+            {
                 let token = self.open_session_at(relay).map_err(to_call)?;
                 self.http.call(relay, method, Some(&token), body)
             }
@@ -151,6 +159,16 @@ impl Client {
     pub fn call_object(&mut self, method: &str, params: &Object) -> Result<Object, CliError> {
         Ok(self.call(method, &canonical::object_to_vec(params))?)
     }
+}
+
+/// Whether a route error's `data.route` names `relay` (the relay that refused).
+fn route_names(data: Option<&Value>, relay: &str) -> bool {
+    data.and_then(Value::as_object)
+        .and_then(|d| d.get("route"))
+        .and_then(Value::as_object)
+        .and_then(|r| r.get("relay"))
+        .and_then(Value::as_str)
+        == Some(relay)
 }
 
 /// Folds a client error into a call error (sessions fail as calls do).

@@ -95,8 +95,8 @@ mod guest {
         match c {
             t::Caller::Anonymous => Caller::Anonymous,
             t::Caller::Session(s) => Caller::Session(s),
-            t::Caller::Relay(r) => match RelayId::parse(&r) {
-                Ok(id) => Caller::Relay(id),
+            t::Caller::Relay(r) => match RelayId::parse(&r.relay) {
+                Ok(id) => Caller::relay_at(id, r.route_revision),
                 Err(_) => Caller::Anonymous,
             },
             t::Caller::Operator => Caller::Operator,

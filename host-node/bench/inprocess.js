@@ -55,7 +55,7 @@ for (const storage of ['memory', 'sqlite']) {
   });
   out.push(sample(storage, 'message.send', sl, sw, driver));
   const [dl, dw] = timed(fx.delivers.length, (i) => {
-    expect(relay.call({ kind: 'relay', value: fx.peer }, 'message.deliver', fx.delivers[i]), 'message.deliver');
+    expect(relay.call({ kind: 'relay', value: fx.peer, routeRevision: fx.route_revision }, 'message.deliver', fx.delivers[i]), 'message.deliver');
   });
   out.push(sample(storage, 'message.deliver', dl, dw, driver));
   const total = fx.sends.length + fx.delivers.length;

@@ -28,6 +28,28 @@ export class RelayError extends Error {
  */
 export function openSession(opts: { identity: Identity; network: string; relay: string }): Promise<string>;
 
+/**
+ * Whether a refusal says the session belongs to an earlier home span of the relay that gave
+ * it: `not_home_relay` whose `data.route` names that same relay (the account moved away and
+ * back since the session was opened). A new session there serves.
+ */
+export function olderSpan(e: unknown): boolean;
+
+/**
+ * A device's calls at one relay with a session it keeps: opened at the first call, opened
+ * again once when a call is refused `unauthenticated` or for an older home span.
+ */
+export class DeviceSession {
+  constructor(opts: { identity: Identity; network: string; relay: string });
+  readonly identity: Identity;
+  readonly network: string;
+  readonly relay: string;
+  /** The session token in use (none before the first call). */
+  session: string | null;
+  /** Calls `method` with `params` (JSON text, or a value sent as JSON): the result, or a RelayError thrown. */
+  call(method: string, params: string | { [member: string]: Json }): Promise<{ [member: string]: Json }>;
+}
+
 /** What `moveAccount` did. */
 export interface Moved {
   /** The signed route naming the new home, as JSON text: the account's route from now on. */

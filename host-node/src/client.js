@@ -64,6 +64,50 @@ export async function openSession({ identity, network, relay }) {
 }
 
 /**
+ * Whether a refusal says the session belongs to an earlier home span of the relay that gave
+ * it: `not_home_relay` with a route naming that same relay (the account moved away and back
+ * since the session was opened; protocol.md, "Home relay changes", rule 6). A new session
+ * there serves.
+ * @param {unknown} e
+ */
+export function olderSpan(e) {
+  return e instanceof RelayError && e.code === 'not_home_relay' && e.data?.route?.relay === e.relay;
+}
+
+/**
+ * A device's calls at one relay with a session it keeps: opened at the first call, and
+ * opened again once when a call is refused `unauthenticated` (expired, or the relay forgot
+ * it) or because the session belongs to an earlier home span ({@link olderSpan}).
+ */
+export class DeviceSession {
+  /** @param {{identity: Identity, network: string, relay: string}} opts */
+  constructor({ identity, network, relay }) {
+    this.identity = identity;
+    this.network = network;
+    this.relay = relay;
+    /** @type {string | null} the session token in use */
+    this.session = null;
+  }
+
+  /**
+   * Calls `method` with `params` (JSON text, or a value sent as JSON); returns the result or
+   * throws the RelayError.
+   * @param {string} method @param {unknown} params
+   */
+  async call(method, params) {
+    const body = jsonText(params);
+    this.session ??= await openSession(this);
+    try {
+      return await call(this.relay, method, body, this.session);
+    } catch (e) {
+      if (!(e instanceof RelayError && (e.code === 'unauthenticated' || olderSpan(e)))) throw e;
+      this.session = await openSession(this);
+      return call(this.relay, method, body, this.session);
+    }
+  }
+}
+
+/**
  * Moves the account's home from `from` to `to`, as `relayctl account move` does: signs a
  * route naming `to` at `revision` (the next one: higher than any route of the account),
  * registers the account at `to` with `certificates[0]` (this device's, with `manage`),

@@ -339,10 +339,7 @@ export class Core {
   typed(name, ...args) {
     const trapped = {};
     const r = this.guard((c) => c[name](...args), trapped);
-    if (r === trapped) {
-      const message = 'the relay core failed; nothing was accepted';
-      throw Object.assign(new Error(`internal: ${message}`), { payload: { code: 'internal', status: 500, error: { code: 'internal', message } } });
-    }
+    if (r === trapped) throw core().uncommittedFailure();
     return r;
   }
   callValue(kind, value, method, params, now) {

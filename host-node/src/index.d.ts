@@ -111,7 +111,8 @@ export class SqliteStorage implements Storage {
 export type Caller =
   | { kind: 'anonymous'; origin?: string | null }
   | { kind: 'session'; value: string; origin?: string | null }
-  | { kind: 'relay'; value: string; origin?: string | null }
+  /** A relay calling in process; `routeRevision`: the recipient's route revision a `message.deliver` targets. */
+  | { kind: 'relay'; value: string; routeRevision?: number; origin?: string | null }
   | { kind: 'operator'; origin?: string | null };
 
 /** A JSON value as the core writes it (canonical JSON; protocol integers are numbers). */

@@ -21,6 +21,13 @@ export { secret };
 
 const b64u = (buf) => Buffer.from(buf).toString('base64url');
 /** Params as the core takes them: bytes (a string is UTF-8 encoded, a value serialized). */
+/**
+ * A caller's value as the core reads it: a relay's id followed, for a delivery, by a space
+ * and the recipient's route revision it targets.
+ * @param {import('./index.js').Caller} caller
+ */
+const callerValue = (caller) =>
+  caller.kind === 'relay' && caller.routeRevision != null ? `${caller.value} ${caller.routeRevision}` : (caller.value ?? '');
 const bytesOf = (p) => (p instanceof Uint8Array ? p : Buffer.from(typeof p === 'string' ? p : JSON.stringify(p)));
 
 /**
@@ -165,7 +172,7 @@ export class Relay extends EventEmitter {
    */
   call(caller, method, params) {
     this.coreCalls += 1;
-    return this.#answered(method, this.core.call(caller.kind, caller.value ?? '', caller.origin ?? null, method, bytesOf(params), Date.now()));
+    return this.#answered(method, this.core.call(caller.kind, callerValue(caller), caller.origin ?? null, method, bytesOf(params), Date.now()));
   }
 
   /**
@@ -176,7 +183,7 @@ export class Relay extends EventEmitter {
   async callGrouped(caller, method, params) {
     this.coreCalls += 1;
     const p = bytesOf(params);
-    const r = /** @type {import('./core.js').Answer} */ (await this.core.grouped((c) => c.call(caller.kind, caller.value ?? '', caller.origin ?? null, method, p, Date.now())));
+    const r = /** @type {import('./core.js').Answer} */ (await this.core.grouped((c) => c.call(caller.kind, callerValue(caller), caller.origin ?? null, method, p, Date.now())));
     return this.#answered(method, r);
   }
 
@@ -213,7 +220,7 @@ export class Relay extends EventEmitter {
   /** A typed call of the core, its events carried out. */
   #typed(name, caller, ...args) {
     this.coreCalls += 1;
-    const r = this.core.typed(name, caller.kind, caller.value ?? '', ...args, Date.now());
+    const r = this.core.typed(name, caller.kind, callerValue(caller), ...args, Date.now());
     this.#run(r.events);
     return r;
   }

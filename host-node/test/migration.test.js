@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createRelay, serve } from '../src/index.js';
-import { Identity, RelayError, moveAccount, openSession } from 'relay-node/client';
+import { DeviceSession, Identity, RelayError, moveAccount, olderSpan, openSession } from 'relay-node/client';
 import { NET, post, eventually, freePort } from './helpers.js';
 
 /** A relay served on a free loopback port, memory storage; its id carries the port. */
@@ -101,6 +101,40 @@ test('moveAccount: the former home keeps its results, new sends go to the new ho
     });
     const last = await post(`${a.url}/v1/message.timeline.sync`, { after: 0 }, bob.session);
     assert.deepEqual(last.body.entries.map((e) => bob.id.openEntry(JSON.stringify(e))), ['before the move', 'after the move', 'home again']);
+  } finally {
+    await a.srv.close();
+    await b.srv.close();
+  }
+});
+
+test('home spans: a session from before a move away and back cannot send; DeviceSession opens a fresh one', async () => {
+  const a = await served();
+  const b = await served();
+  try {
+    const alice = await registered(a.url);
+    const bob = await registered(a.url);
+    const device = new DeviceSession({ identity: alice.id, network: NET, relay: a.url });
+    const first = alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'first span', Date.now(), false);
+    assert.equal((await device.call('message.send', first)).status, 'target_accepted');
+    const old = device.session;
+
+    await moveAccount({ identity: alice.id, network: NET, from: a.url, to: b.url, revision: 2, certificates: [alice.cert] });
+    await moveAccount({ identity: alice.id, network: NET, from: b.url, to: a.url, revision: 3, certificates: [alice.cert] });
+
+    // The old session is a former account's session for good: a new send through it is refused
+    // with the current route, which names A itself.
+    const second = alice.id.message(NET, bob.id.accountId(), `[${bob.cert}]`, 'second span', Date.now(), false);
+    const refused = await post(`${a.url}/v1/message.send`, second, old);
+    assert.equal(refused.status, 421, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.data.route.relay, a.url);
+    assert.equal(refused.body.error.data.route.revision, 3);
+    assert.ok(olderSpan(new RelayError(a.url, 'message.send', 421, refused.body.error)));
+    // Its status of what it sent in its span still answers (rule 2).
+    const status = await post(`${a.url}/v1/message.delivery.status`, { message_id: messageId(first) }, old);
+    assert.equal(status.status, 200, JSON.stringify(status.body));
+    // DeviceSession opens a fresh session and sends.
+    assert.equal((await device.call('message.send', second)).status, 'target_accepted');
+    assert.notEqual(device.session, old);
   } finally {
     await a.srv.close();
     await b.srv.close();

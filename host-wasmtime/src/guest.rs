@@ -28,8 +28,8 @@ mod wit {
 pub use relay::core::types::{
     Caller, Close, Delivery, DeliveryEnd, DeliveryState, DeliveryStatus, EntryKind, Error,
     ErrorCode, ErrorObject, Event, Failure, Fetch, HttpRequest, HttpResponse, KeyFetch, Listener,
-    Need, Notify, Parked, PeerRequest, Reply, Resumption, RouteWanted, Step, TickReport,
-    TimelineEntry, TimelinePage, Upgrade, WsAnswer,
+    Need, Notify, Parked, PeerRequest, RelayCaller, Reply, Resumption, RouteWanted, Step,
+    TickReport, TimelineEntry, TimelinePage, Upgrade, WsAnswer,
 };
 
 /// A typed call's answer: the record, or why it was refused (nothing committed).
@@ -792,10 +792,7 @@ pub fn internal_reply() -> Reply {
 
 /// A typed call's failure after a trap or a failed group commit: nothing was accepted.
 pub fn internal_failure() -> Failure {
-    let e = relay_core::transport::typed::Failure::from(&relay_core::Error::new(
-        relay_core::ErrorCode::Internal,
-        "the relay core failed; nothing was accepted",
-    ));
+    let e = relay_core::transport::typed::Failure::uncommitted();
     Failure {
         code: ErrorCode::Internal,
         status: e.status,
@@ -966,6 +963,7 @@ mod tests {
                 now,
                 &[n; 16],
                 body,
+                None,
             );
             let req = HttpRequest {
                 listener: Listener::Public,

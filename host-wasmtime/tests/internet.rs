@@ -753,6 +753,7 @@ async fn relay_request(r: &Running, claimed: &str, ts: u64) -> (u16, Value) {
                 ("relay-timestamp", &ts),
                 ("relay-nonce", &nonce),
                 ("relay-signature", &sig),
+                ("relay-route-revision", "1"),
             ],
             b"{}".to_vec(),
         )
@@ -807,6 +808,7 @@ async fn key_fetches_for_relay_requests_are_limited() {
                             ("relay-timestamp", &ts),
                             ("relay-nonce", &nonce),
                             ("relay-signature", &sig),
+                            ("relay-route-revision", "1"),
                         ],
                         b"{}".to_vec(),
                     )

@@ -148,7 +148,7 @@ export async function startHost({ out, config, seed, operator }) {
   /** Serves the relay over HTTP on `port` (no WebSocket, no TLS: a plugin host needs neither). */
   function serve(port) {
     // The headers the core reads (wit: http-request).
-    const names = ['authorization', 'connection', 'upgrade', 'relay-id', 'relay-timestamp', 'relay-nonce', 'relay-signature'];
+    const names = ['authorization', 'connection', 'upgrade', 'relay-id', 'relay-timestamp', 'relay-nonce', 'relay-signature', 'relay-route-revision'];
     const server = http.createServer(async (req, res) => {
       const chunks = [];
       for await (const c of req) chunks.push(c);

@@ -91,6 +91,8 @@ pub struct InFlight {
     pub body: Vec<u8>,
     /// A sibling shard of the source's own relay, when the request stays inside it.
     pub shard: Option<u32>,
+    /// The recipient's route revision a delivery targets (`Relay-Route-Revision`).
+    pub route_revision: Option<u64>,
 }
 
 /// What a test asks of a message it builds.
@@ -227,6 +229,7 @@ impl World {
                     method,
                     body,
                     shard,
+                    route_revision,
                 } => self.outbox.push(InFlight {
                     source: n,
                     task,
@@ -235,6 +238,7 @@ impl World {
                     method,
                     body,
                     shard,
+                    route_revision,
                 }),
                 Effect::WakeAt(t) => self.nodes[n].wake = Some(t),
                 Effect::Notify {
@@ -347,7 +351,8 @@ impl World {
     pub fn carry(&mut self, req: InFlight) {
         let outcome = match self.target_node(&req) {
             Some(t) => {
-                let caller = Caller::Relay(self.nodes[req.source].id.clone());
+                let source = self.nodes[req.source].id.clone();
+                let caller = Caller::relay_at(source, req.route_revision);
                 let r = self.call_raw(t, &caller, req.method.as_str(), &req.body);
                 if r.result.is_ok() {
                     Outcome::Result(r.body())
@@ -670,9 +675,44 @@ impl World {
         p
     }
 
-    /// Calls message.deliver on relay `n` as relay `source`.
+    /// Calls message.deliver on relay `n` as relay `source`, aimed at the revision of the
+    /// recipient's route that `n` answers `route.get` with (1 when it holds none), as a
+    /// source that knows the current route would.
     pub fn deliver(&mut self, n: usize, source: &str, params: &Object) -> Response {
-        let caller = Caller::Relay(RelayId::parse(source).expect("relay id"));
+        let to = params
+            .get("envelope")
+            .and_then(Value::as_object)
+            .and_then(|e| e.get("to"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let mut q = Object::new();
+        q.insert("account", to);
+        let revision = self
+            .call(n, &Caller::Anonymous, "route.get", &q)
+            .result
+            .ok()
+            .and_then(|v| {
+                v.as_object()?
+                    .get("route")?
+                    .as_object()?
+                    .get("revision")?
+                    .as_protocol_int()
+            })
+            .unwrap_or(1);
+        self.deliver_at(n, source, params, revision)
+    }
+
+    /// Calls message.deliver on relay `n` as relay `source`, aimed at revision `revision` of
+    /// the recipient's route (its signed `Relay-Route-Revision`).
+    pub fn deliver_at(
+        &mut self,
+        n: usize,
+        source: &str,
+        params: &Object,
+        revision: u64,
+    ) -> Response {
+        let caller = Caller::relay_at(RelayId::parse(source).expect("relay id"), Some(revision));
         self.call(n, &caller, "message.deliver", params)
     }
 

@@ -154,7 +154,7 @@ fn a_backlog_of_ten_thousand_large_tasks_meets_a_destination_that_comes_back_in_
     let before = w.nodes[a].store.snapshot();
     let mut p = Object::new();
     p.insert("route", w.route_of(&bob));
-    let caller = Caller::Relay(w.nodes[b].id.clone());
+    let caller = Caller::relay(w.nodes[b].id.clone());
     w.call(a, &caller, "route.publish", &p).result.unwrap();
     let written = changed_keys(&before, &w.nodes[a].store.snapshot());
     let batch = w.nodes[a].config.revive_batch;

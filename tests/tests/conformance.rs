@@ -1400,6 +1400,116 @@ fn migration_keeps_results_at_the_former_home(ka: Kind, kb: Kind) {
 }
 every_pair!(migration_keeps_results_at_the_former_home);
 
+/// protocol.md, "Home relay changes", rule 6 (home spans): alice lives at A, bob at B, and
+/// B holds alice's route at revision 1. A's proxy captures bob's first attempt (held in the
+/// network, never seen by A) and loses every retry while alice moves to C (revision 2) and
+/// back to A (revision 3). Released then, the captured attempt, signed for revision 1, is
+/// refused by A with `not_home_relay` and the current route, which names A itself; healed,
+/// the source's next attempt is refused the same way and it sends the same body again at
+/// once aimed at revision 3, which A accepts, once. A session opened before the moves
+/// cannot send after the move back; the one opened at the move back can.
+fn home_span_replay(ka: Kind, kb: Kind) {
+    let kc = third_host(kb);
+    let a = proxied(ka, Opts::default());
+    let b = proxied(kb, Opts::default());
+    let cc = proxied(kc, Opts::default());
+    let mut c = Client::new(43);
+    let mut alice = c.register(&a.relay, true);
+    let bob = c.register(&b.relay, true);
+    c.publish(&b.relay, &alice);
+    let before_moves = at_relay(&alice, &a.relay, &alice.sessions[0]);
+    let lose_all = Chaos {
+        drop_request: 1000,
+        drop_response: 0,
+        delay: 0,
+        delay_ms: 0,
+        rate_limited: 0,
+        retry_after_ms: 0,
+        unavailable: 0,
+        reset: 0,
+    };
+    a.proxy.script(&[Fault::Capture]);
+    a.proxy.chaos(lose_all, 43);
+    let m = c.message(&bob, &alice, "signed for revision 1", &Msg::default());
+    let id = message_id(&m);
+    let (s, v) = c.send(&bob, &m);
+    assert_eq!((s, status_of(&v).as_str()), (200, "delivering"), "{v:?}");
+    let early = a.proxy.wait_delivers(&id, 2);
+    assert_eq!(early[0].fault, Fault::Capture, "{early:?}");
+    assert_eq!(early[0].route_revision.as_deref(), Some("1"), "{early:?}");
+
+    c.move_to(&mut alice, &cc.relay, &a.relay);
+    c.move_to(&mut alice, &a.relay, &cc.relay);
+    assert_eq!(alice.revision, 3);
+
+    // The held attempt arrives after the move away and back: refused with the current route.
+    let released = a.proxy.release();
+    assert_eq!(released.len(), 1, "{released:?}");
+    let stale = &released[0];
+    assert_eq!(stale.route_revision.as_deref(), Some("1"));
+    not_home_with(
+        stale.status.unwrap_or(0),
+        &stale.answer,
+        &alice.route,
+        "a deliver signed for revision 1, after a move away and back",
+    );
+    assert!(received(&c, &alice, &id).is_empty(), "A accepted nothing");
+
+    // Healed: the source's next attempt (revision 1) is refused the same way, and the same
+    // body goes again at once aimed at revision 3: accepted once, at A.
+    a.proxy.heal();
+    let st = c.wait_terminal(&bob, &id, WAIT);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    let passed: Vec<Hit> = a
+        .proxy
+        .delivers(&id)
+        .into_iter()
+        .filter(|h| h.fault == Fault::Pass)
+        .collect();
+    assert!(
+        passed.iter().all(|h| h.body == stale.body),
+        "every attempt carries the same body: {passed:?}"
+    );
+    let accepted: Vec<&Hit> = passed
+        .iter()
+        .filter(|h| h.upstream_status == Some(200))
+        .collect();
+    assert_eq!(accepted.len(), 1, "accepted once: {passed:?}");
+    assert_eq!(accepted[0].route_revision.as_deref(), Some("3"));
+    assert!(
+        passed
+            .iter()
+            .any(|h| h.upstream_status == Some(421) && h.route_revision.as_deref() == Some("1")),
+        "the source's attempt at revision 1 was refused first: {passed:?}"
+    );
+    assert_eq!(
+        received(&c, &alice, &id).len(),
+        1,
+        "in alice's timeline once"
+    );
+    assert!(cc.proxy.delivers(&id).is_empty(), "never sent to C");
+
+    // Sessions: the one from before the moves cannot send; the one from the move back can.
+    let through_old = c.message(
+        &before_moves,
+        &bob,
+        "through an old session",
+        &Msg::default(),
+    );
+    let (s, v) = c.send(&before_moves, &through_old);
+    not_home_with(
+        s,
+        &v,
+        &alice.route,
+        "a message.send through a session from before the moves",
+    );
+    let st = deliver_and_wait(&c, &alice, &through_old);
+    assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+    assert_eq!(received(&c, &bob, &message_id(&through_old)).len(), 1);
+}
+
+every_pair!(home_span_replay);
+
 /// Seed, "The source's responsibility ... survives relay restarts": both relays killed
 /// (SIGKILL) while a delivery is pending; started again over their SQLite data, the source
 /// finishes it, once.

@@ -1272,6 +1272,7 @@ fn key_fetch_amplification(x: &mut Ctx) {
             .header("Relay-Timestamp", &ts)
             .header("Relay-Nonce", &base64url::encode(&nonce))
             .header("Relay-Signature", &base64url::encode(&sig))
+            .header("Relay-Route-Revision", "1")
             .send(&b"{}"[..])
         {
             Ok(r) => r.status().as_u16(),

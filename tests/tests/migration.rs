@@ -144,7 +144,7 @@ fn rule_1_a_higher_route_naming_another_relay_makes_the_account_former_and_refus
         );
     }
     // A relay asking for the devices of a former account is pointed on too.
-    let peer = Caller::Relay(w.nodes[b].id.clone());
+    let peer = Caller::relay(w.nodes[b].id.clone());
     assert_eq!(
         code_of(&w.call(a, &peer, "device.list", &list)),
         "not_home_relay"
@@ -382,7 +382,7 @@ fn rule_3_an_unknown_outcome_at_the_old_home_is_confirmed_there_before_any_switc
     );
     w.send(&alice, 0, &m).result.unwrap();
     let req = w.take_outbox().pop().unwrap();
-    let source = Caller::Relay(w.nodes[a].id.clone());
+    let source = Caller::relay_at(w.nodes[a].id.clone(), req.route_revision);
     w.call_raw(c, &source, "message.deliver", &req.body)
         .result
         .unwrap();

@@ -112,7 +112,7 @@ fn a_destination_that_is_back_gets_its_waiting_deliveries_promptly_and_drains_th
     w.publish_route(a, &bob);
     let mut p = relay_core::wire::json::Object::new();
     p.insert("route", w.route_of(&bob));
-    let caller = relay_core::engine::Caller::Relay(w.nodes[dead].id.clone());
+    let caller = relay_core::engine::Caller::relay(w.nodes[dead].id.clone());
     w.call(a, &caller, "route.publish", &p).result.unwrap();
     assert!(
         w.nodes[a].wake.is_some_and(|t| t <= w.clock(a)),
@@ -144,7 +144,7 @@ fn a_destination_back_still_honours_retry_after() {
         req.attempt,
         Outcome::Error(error_body("rate_limited", Some("{\"retry_after\":120000}"))),
     );
-    let caller = relay_core::engine::Caller::Relay(w.nodes[dead].id.clone());
+    let caller = relay_core::engine::Caller::relay(w.nodes[dead].id.clone());
     let mut p = relay_core::wire::json::Object::new();
     p.insert("route", w.route_of(&bob));
     w.call(a, &caller, "route.publish", &p).result.unwrap();

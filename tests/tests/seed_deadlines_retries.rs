@@ -133,7 +133,7 @@ fn an_unknown_outcome_is_confirmed_by_retrying_the_unchanged_request_to_the_same
     w.send(&alice, 0, &m).result.unwrap();
     let req = w.take_outbox().pop().unwrap();
     // The destination accepted, but the response was lost.
-    let caller = Caller::Relay(w.nodes[a].id.clone());
+    let caller = Caller::relay_at(w.nodes[a].id.clone(), req.route_revision);
     w.call_raw(b, &caller, "message.deliver", &req.body)
         .result
         .unwrap();
@@ -257,7 +257,7 @@ fn terminal_states_never_change_and_late_responses_do_not_alter_them() {
         "the destination's rejection as it came"
     );
     // A late success for the same attempt, and a real acceptance afterwards, change nothing.
-    let caller = Caller::Relay(w.nodes[a].id.clone());
+    let caller = Caller::relay_at(w.nodes[a].id.clone(), req.route_revision);
     let ok = w.call_raw(b, &caller, "message.deliver", &req.body);
     w.outcome(a, &req.task, req.attempt, Outcome::Result(ok.body()));
     w.run_for(100_000);

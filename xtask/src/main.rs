@@ -20,9 +20,9 @@ type Result<T> = std::result::Result<T, String>;
 mod lines;
 
 /// Imports a relay core component may have; anything else fails the build.
-const ALLOWED_IMPORTS: &[&str] = &["relay:core/host@0.8.0", "relay:core/types@0.8.0"];
+const ALLOWED_IMPORTS: &[&str] = &["relay:core/host@0.9.0", "relay:core/types@0.9.0"];
 /// The interface a relay core component must export: the product's API.
-const EXPORT: &str = "relay:core/relay@0.8.0";
+const EXPORT: &str = "relay:core/relay@0.9.0";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

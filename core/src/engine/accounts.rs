@@ -73,7 +73,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let at = self.now.saturating_add(self.cfg.policies.message_retention);
         self.expire_at(at, &k::route(account));
         self.share_route(account, &route.canonical_string());
-        self.home_changed(account, route.relay.as_str())?;
+        self.home_changed(account, route.relay.as_str(), route.revision)?;
         Ok(RouteUpdate::Replaced)
     }
 
@@ -301,6 +301,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                         discoverable: discoverable.unwrap_or(false),
                         latest_seq,
                         standing: Standing::Home,
+                        span: route.revision,
                     },
                 );
             }
@@ -377,7 +378,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
 
     /// `device.list` (a client session or a relay): `{account}`.
     pub(crate) fn device_list(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
-        if !matches!(caller, Caller::Relay(_) | Caller::Operator) {
+        if !matches!(caller, Caller::Relay { .. } | Caller::Operator) {
             self.home_session(caller, Need::Any)?;
         }
         let account = Fields::new(&p).account("account")?;
@@ -427,7 +428,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 self.touch_route(route.account.as_str(), held);
             }
         }
-        if let Caller::Relay(peer) = caller {
+        if let Caller::Relay { relay: peer, .. } = caller {
             self.peer_is_back(peer.as_str())?;
         }
         let held = self

@@ -297,7 +297,7 @@ pub(crate) fn destinations_summary<S: Storage>(
 /// Checks a caller's session and returns it.
 pub(crate) fn require_relay(caller: &Caller) -> Result<&crate::wire::identity::RelayId, Error> {
     match caller {
-        Caller::Relay(r) => Ok(r),
+        Caller::Relay { relay, .. } => Ok(relay),
         _ => Err(Error::new(
             ErrorCode::Unauthenticated,
             "this method needs relay authentication",

@@ -183,12 +183,20 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .now
             .saturating_add(self.cfg.attempt_timeout)
             .min(t.deadline);
-        let (method, body) = if t.want_route_get {
+        let (method, body, route_revision) = if t.want_route_get {
             let mut o = Object::new();
             o.insert("account", t.to.as_str());
-            (PeerMethod::RouteGet, canonical::to_vec(&Value::Object(o)))
+            (
+                PeerMethod::RouteGet,
+                canonical::to_vec(&Value::Object(o)),
+                None,
+            )
         } else {
-            (PeerMethod::Deliver, t.body.as_bytes().to_vec())
+            (
+                PeerMethod::Deliver,
+                t.body.as_bytes().to_vec(),
+                Some(t.route_revision),
+            )
         };
         let target_id = crate::wire::identity::RelayId::parse(&target).map_err(|e| {
             Error::new(
@@ -207,6 +215,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             method,
             body,
             shard,
+            route_revision,
         });
         self.reindex(id, old, &t);
         self.save_task(id, &t);
@@ -350,6 +359,33 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.launch(id, t)
     }
 
+    /// A route of higher revision naming the relay the task already targets (rule 6 of
+    /// "Home relay changes"): the same body goes again at once, aimed at the new revision.
+    /// It is no switch: the target, and with it rule 3's confirmation of an unknown
+    /// outcome, stay where they are, and so do the task's backoff and its uncertainty.
+    fn retarget_revision(&mut self, id: &str, mut t: TaskRec, revision: u64) -> Result<(), Error> {
+        t.route_revision = revision;
+        t.want_route_get = false;
+        t.route_error = None;
+        Counters::bump(&mut self.counts.home_spans, "revision_retry");
+        self.launch(id, t)
+    }
+
+    /// Follows a route of higher revision for the task's recipient: at the relay it targets
+    /// already, the same body aimed at the new revision; elsewhere, a switch.
+    fn follow_route(
+        &mut self,
+        id: &str,
+        t: TaskRec,
+        relay: &str,
+        revision: u64,
+    ) -> Result<(), Error> {
+        if relay == t.target {
+            return self.retarget_revision(id, t, revision);
+        }
+        self.switch_target(id, t, relay, revision)
+    }
+
     /// A valid route for the task's recipient of higher revision than its target's, found in `data.route` or held.
     pub(crate) fn higher_route(
         &mut self,
@@ -395,7 +431,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                     .and_then(|d| d.as_object())
                     .and_then(|d| d.get("route"));
                 if let Some((relay, rev)) = self.higher_route(&t, route)? {
-                    return self.switch_target(id, t, &relay, rev);
+                    return self.follow_route(id, t, &relay, rev);
                 }
                 if route.is_none() && !t.want_route_get && !self.is_local(&t) {
                     // No route in the error: ask the old target for the route it holds.
@@ -456,7 +492,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 t.want_route_get = false;
                 let err = t.route_error.take();
                 if let Some((relay, rev)) = self.higher_route(&t, route.as_ref())? {
-                    return self.switch_target(id, t, &relay, rev);
+                    return self.follow_route(id, t, &relay, rev);
                 }
                 let e = err.unwrap_or(ErrorRec {
                     code: ErrorCode::NotHomeRelay.as_str().to_string(),
@@ -503,7 +539,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 if !t.uncertain && !t.want_route_get {
                     // Receipt known not attempted: a higher route may be used.
                     if let Some((relay, rev)) = self.higher_route(&t, None)? {
-                        return self.switch_target(id, t, &relay, rev);
+                        return self.follow_route(id, t, &relay, rev);
                     }
                 }
                 self.outage_retry(id, t, ErrorCode::Unavailable.as_str())

@@ -38,6 +38,9 @@ pub enum Effect {
         body: Vec<u8>,
         /// When `target` is this relay: the sibling shard to hand the request to.
         shard: Option<u32>,
+        /// For a delivery: the revision of the recipient's route it targets, signed in the
+        /// request as `Relay-Route-Revision` (protocol.md "Home relay changes", rule 6).
+        route_revision: Option<u64>,
     },
     /// Call `Engine::tick` at (or after) this time; replaces any earlier wake-up request.
     WakeAt(u64),

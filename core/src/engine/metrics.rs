@@ -32,6 +32,12 @@ pub struct Counters {
     /// Operator actions that changed something, by action (`destination.retry`,
     /// `delivery.retry`, `destination.pause`, `destination.resume`): a fixed set of labels.
     pub operator_actions: BTreeMap<&'static str, u64>,
+    /// Home spans (protocol.md "Home relay changes", rule 6), by event: `stale_delivery`
+    /// (a deliver aimed at an older revision refused while the account is served here
+    /// again, which only this rule refuses), `revision_retry` (a delivery sent
+    /// again to the same relay at a higher revision), `old_session` (a session of an earlier
+    /// span refused a home method).
+    pub home_spans: BTreeMap<&'static str, u64>,
 }
 
 impl Counters {
@@ -56,6 +62,14 @@ impl Counters {
         self.quarantined += other.quarantined;
         for (k, v) in other.operator_actions {
             *self.operator_actions.entry(k).or_default() += v;
+        }
+        self.merge_home_spans(other.home_spans);
+    }
+
+    /// Adds home span events: those of a refused call too, whose refusal is the event.
+    pub(crate) fn merge_home_spans(&mut self, other: BTreeMap<&'static str, u64>) {
+        for (k, v) in other {
+            *self.home_spans.entry(k).or_default() += v;
         }
     }
 
@@ -199,6 +213,18 @@ impl Metrics {
             "relay_operator_actions_total",
             "action",
             &c.operator_actions,
+        );
+        family(
+            &mut out,
+            "relay_home_span_events_total",
+            "counter",
+            "Home spans: stale deliveries refused, same-relay revision retries, old sessions refused.",
+        );
+        labelled(
+            &mut out,
+            "relay_home_span_events_total",
+            "event",
+            &c.home_spans,
         );
         let d = &self.destinations;
         for (name, help, v) in [

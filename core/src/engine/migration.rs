@@ -26,16 +26,27 @@ const RECHECK_MS: u64 = 1_000;
 impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// A route of higher revision naming `relay` was stored for `account`: a registered
     /// account becomes former when it names another relay (rule 1), and is served again
-    /// when it names this one (rule 4).
-    pub(crate) fn home_changed(&mut self, account: &str, relay: &str) -> Result<(), Error> {
+    /// when it names this one (rule 4). Every route naming this relay begins a new home
+    /// span at its `revision` (rule 6: the span is the revision of the route under which
+    /// this relay serves the account now, so no session of an earlier span serves it again,
+    /// also when this relay never learned of the move away in between).
+    pub(crate) fn home_changed(
+        &mut self,
+        account: &str,
+        relay: &str,
+        revision: u64,
+    ) -> Result<(), Error> {
         let Some(mut rec) = self.txn.get::<AccountRec>(&k::account(account))? else {
             return Ok(());
         };
         let here = relay == self.cfg.relay.as_str();
         let standing = match (here, rec.standing) {
-            (true, Standing::Former { .. }) => Standing::Home,
+            (true, _) => {
+                rec.span = revision;
+                Standing::Home
+            }
             (false, Standing::Home) => Standing::Former { since: self.now },
-            _ => return Ok(()),
+            (false, Standing::Former { .. }) => return Ok(()),
         };
         rec.standing = standing;
         self.txn.put(k::account(account), &rec);
@@ -53,16 +64,23 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     /// of a former account is answered `not_home_relay` with the highest route held.
     pub(crate) fn home_session(&mut self, caller: &Caller, need: Need) -> Result<Session, Error> {
         let s = self.session(caller, need)?;
-        if !self.serves(&s.account)? {
+        let Some(acct) = self.home_account(&s.account)? else {
             return Err(self.not_home(&s.account));
-        }
+        };
+        self.in_span(&s, &acct)?;
         Ok(s)
     }
 
-    /// Whether `account` is registered here, as its home or a former home (whose sessions
-    /// read what it keeps).
-    pub(crate) fn registered(&mut self, account: &str) -> Result<bool, Error> {
-        Ok(self.txn.get_raw(&k::account(account))?.is_some())
+    /// Rule 6: a session belongs to the home span it was opened in. Once the account moved
+    /// away it is a former account's session for good, so in a later span (a move back) its
+    /// home methods are `not_home_relay` with the highest route held, as they were while
+    /// the account was away; the client opens a new session.
+    pub(crate) fn in_span(&mut self, s: &Session, served: &AccountRec) -> Result<(), Error> {
+        if served.span != s.span {
+            super::metrics::Counters::bump(&mut self.counts.home_spans, "old_session");
+            return Err(self.not_home(&s.account));
+        }
+        Ok(())
     }
 
     /// The expiry entry of a former account came due (rule 5): if a timeline record or a

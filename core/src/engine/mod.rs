@@ -62,10 +62,36 @@ pub enum Caller {
     Anonymous,
     /// A client presenting a session token (`Authorization: Bearer`).
     Session(String),
-    /// Another relay whose request signature the host verified.
-    Relay(RelayId),
+    /// Another relay whose request signature the transport verified, with the recipient's
+    /// route revision its `message.deliver` targets (signed as `route_revision`; none on
+    /// other methods, and on a sibling shard's step, which carries no relay request).
+    Relay {
+        /// The source relay.
+        relay: RelayId,
+        /// `Relay-Route-Revision`, signed.
+        route_revision: Option<u64>,
+    },
     /// The relay's operator (a local admin interface, never the public port).
     Operator,
+}
+
+impl Caller {
+    /// A relay calling a method that carries no route revision (or a sibling shard).
+    pub fn relay(relay: RelayId) -> Caller {
+        Caller::Relay {
+            relay,
+            route_revision: None,
+        }
+    }
+
+    /// A relay delivering a message aimed at revision `route_revision` of the recipient's
+    /// route (`None` when the request carried none).
+    pub fn relay_at(relay: RelayId, route_revision: Option<u64>) -> Caller {
+        Caller::Relay {
+            relay,
+            route_revision,
+        }
+    }
 }
 
 /// Why a store cannot be opened: [`Engine::open_store`]'s refusal, typed so a host can tell
@@ -511,6 +537,11 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         )
     }
 
+    /// What the engine counted since it started (no storage read).
+    pub fn counters(&self) -> &metrics::Counters {
+        &self.counters
+    }
+
     /// What the engine counted since it started, and its destinations' gauges at `now`
     /// (the host's clock, as every call takes it: the oldest pending delivery's age).
     pub fn metrics(&mut self, now: u64) -> Result<metrics::Metrics, StorageError> {
@@ -554,6 +585,9 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         if result.is_ok() {
             self.counters.merge(counts);
             self.orphans_swept = swept;
+        } else if matches!(&result, Err(e) if e.code == ErrorCode::NotHomeRelay) {
+            // A home span's refusal is the event it counts, though nothing commits.
+            self.counters.merge_home_spans(counts.home_spans);
         }
         Response { result, effects }
     }

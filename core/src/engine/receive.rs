@@ -15,6 +15,7 @@ use crate::wire::authorization::{Authorization, AuthorizationError};
 use crate::wire::certificate::DeviceCertificate;
 use crate::wire::envelope::MessageEnvelope;
 use crate::wire::field::{FieldError, Fields};
+use crate::wire::identity::RelayId;
 use crate::wire::json::{Object, Value};
 use crate::wire::key_box::parse_boxes;
 use crate::wire::signature::SignedObject;
@@ -60,6 +61,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     pub(crate) fn message_deliver(&mut self, caller: &Caller, p: Object) -> Result<Value, Error> {
         let mut inc = Incoming::parse(p)?;
         let peer = require_relay(caller)?.clone();
+        let revision = self.targeted_revision(caller, &peer)?;
         let from = inc.envelope.from.as_str().to_string();
         let id = inc.envelope.message_id.clone();
         let hash = params_hash(&inc.params, &inc.envelope, self.crypto);
@@ -71,6 +73,19 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 ErrorCode::InvalidParams,
                 "self-delivery is never delivered between relays",
             ));
+        }
+        // Home spans (rule 6): an attempt aimed at an older revision of the recipient's route
+        // than the highest held is from before a move, refused with that route even when it
+        // names this relay (a move away and back), so no message is accepted at two homes.
+        if let Some(rev) = revision {
+            let to = inc.envelope.to.as_str();
+            if let Some(held) = self.held_route(to)?.filter(|h| rev < h.revision) {
+                // Counted where only this rule refuses it: the account is served here again.
+                if held.relay == self.cfg.relay.as_str() {
+                    super::metrics::Counters::bump(&mut self.counts.home_spans, "stale_delivery");
+                }
+                return Err(self.not_home(to));
+            }
         }
         // Rule 1 before any limit is charged: a relay that does not serve the recipient (a
         // former home among them) answers with the route it holds, at no cost to anyone.
@@ -103,6 +118,23 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             status::Status::TargetAccepted,
         );
         Ok(status::from_receipt(&from, &id, &r))
+    }
+
+    /// The recipient's route revision a deliver targets (its signed `Relay-Route-Revision`):
+    /// required of another relay (`invalid_params` without it); none for a sibling shard of
+    /// this relay, whose step carries no relay request and is never delayed in a network.
+    fn targeted_revision(&self, caller: &Caller, peer: &RelayId) -> Result<Option<u64>, Error> {
+        match caller {
+            Caller::Relay {
+                route_revision: Some(rev),
+                ..
+            } => Ok(Some(*rev)),
+            _ if *peer == self.cfg.relay => Ok(None),
+            _ => Err(Error::new(
+                ErrorCode::InvalidParams,
+                "message.deliver needs Relay-Route-Revision: the recipient's route revision it targets",
+            )),
+        }
     }
 
     /// One sender's share of a recipient's deliveries (`deliver_rate_per_sender`), taken

@@ -89,6 +89,12 @@ pub(crate) struct AccountRec {
     /// Home or former home; absent in the record of an account that never moved.
     #[serde(default, skip_serializing_if = "Standing::is_home")]
     pub standing: Standing,
+    /// The home span: the revision of the route under which this relay serves the account
+    /// now (its registration, a move back, any later route naming this relay). Sessions
+    /// opened in another span are a former account's (rule 6). 0 in records written before
+    /// spans were kept, as in the sessions of that time, which belong to it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub span: u64,
 }
 
 /// Whether this relay is an account's home or a former home of it.
@@ -165,6 +171,9 @@ pub(crate) struct SessionRec {
     pub account: String,
     pub device_id: String,
     pub expires_at: u64,
+    /// The account's home span when the session was opened ([`AccountRec::span`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub span: u64,
 }
 
 /// One key box of a record.

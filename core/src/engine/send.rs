@@ -122,6 +122,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let Some(from_acct) = self.home_account(from)? else {
             return Err(self.not_home(from));
         };
+        self.in_span(s, &from_acct)?;
         if env.network != self.cfg.network {
             return Err(FieldError::invalid("envelope.network", "is another network").into());
         }

@@ -2,7 +2,7 @@
 
 use super::context::Ctx;
 use super::keyspace as k;
-use super::records::{DeviceRec, SessionRec};
+use super::records::{AccountRec, DeviceRec, SessionRec};
 use super::storage::Storage;
 use super::{Caller, Entropy};
 use crate::wire::base64url;
@@ -16,6 +16,8 @@ pub(crate) struct Session {
     pub account: String,
     pub device_id: String,
     pub device: DeviceRec,
+    /// The account's home span when the session was opened (rule 6).
+    pub span: u64,
 }
 
 /// Which permission a method needs.
@@ -64,9 +66,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let device_id = s.device_id.as_str().to_string();
         // A former home opens sessions too (against its frozen device state), for what it
         // keeps: status, sync and recognized retries (see `migration`).
-        if !self.registered(&account)? {
+        let Some(acct) = self.txn.get::<AccountRec>(&k::account(&account))? else {
             return Err(self.not_home(&account));
-        }
+        };
         let Some(device) = self.valid_device(&account, &device_id)? else {
             return Err(unauthenticated(
                 "device is not registered and valid at this relay",
@@ -102,6 +104,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 account: account.clone(),
                 device_id: device_id.clone(),
                 expires_at,
+                // A session opened at a former home stays a former account's session: the
+                // span it names ended with the move (a move back begins a new one).
+                span: acct.span,
             },
         );
         // No per-device index: a revoked device's sessions fail the device check at once
@@ -151,6 +156,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             account: rec.account,
             device_id: rec.device_id,
             device,
+            span: rec.span,
         })
     }
 

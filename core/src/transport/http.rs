@@ -11,7 +11,7 @@ use crate::wire::json::{self, Value};
 use crate::{Error, ErrorCode};
 
 /// The request headers the core reads (lowercase); a host may pass only these.
-pub const HEADERS: [&str; 7] = [
+pub const HEADERS: [&str; 8] = [
     "authorization",
     "connection",
     "upgrade",
@@ -19,6 +19,7 @@ pub const HEADERS: [&str; 7] = [
     "relay-timestamp",
     "relay-nonce",
     "relay-signature",
+    "relay-route-revision",
 ];
 
 /// Which listener a request arrived on.
@@ -96,13 +97,15 @@ impl Request {
             .map(str::trim)
     }
 
-    /// The four relay authentication headers, when all are present.
+    /// The four relay authentication headers, when all are present, and
+    /// `Relay-Route-Revision` when it is.
     pub fn relay_headers(&self) -> Option<crate::wire::relay_request::RelayHeaders> {
         Some(crate::wire::relay_request::RelayHeaders {
             relay_id: self.header("relay-id")?.to_string(),
             timestamp: self.header("relay-timestamp")?.to_string(),
             nonce: self.header("relay-nonce")?.to_string(),
             signature: self.header("relay-signature")?.to_string(),
+            route_revision: self.header("relay-route-revision").map(str::to_string),
         })
     }
 
@@ -193,6 +196,10 @@ pub const BUSY: &[u8] =
 /// failed group commit): nothing was accepted, so a retry is safe.
 pub const UNCOMMITTED: &[u8] =
     br#"{"error":{"code":"internal","message":"the relay core failed; nothing was accepted"}}"#;
+
+/// The message of [`UNCOMMITTED`], for the answers that carry it in other forms (a typed
+/// call's [`super::typed::Failure::uncommitted`]).
+pub const UNCOMMITTED_MESSAGE: &str = "the relay core failed; nothing was accepted";
 
 /// What a host refuses on its own, before any core sees the request (the host reads the
 /// body and keeps its time): spelled here once, so every host answers these alike. Each
@@ -339,6 +346,21 @@ pub fn retry_after_seconds(body: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_uncommitted_call_is_answered_alike_over_http_and_typed() {
+        let r = Response::uncommitted();
+        assert_eq!(r.status, 500);
+        let f = super::super::typed::Failure::uncommitted();
+        assert_eq!((f.code, f.status), (crate::ErrorCode::Internal, 500));
+        assert_eq!(f.error.message, UNCOMMITTED_MESSAGE);
+        let body = crate::wire::json::parse(&r.body).unwrap();
+        let message = body
+            .as_object()
+            .and_then(|o| o.get("error"))
+            .and_then(|e| e.as_object()?.get("message")?.as_str().map(str::to_string));
+        assert_eq!(message.as_deref(), Some(UNCOMMITTED_MESSAGE));
+    }
 
     #[test]
     fn the_hosts_own_refusals_are_spelled_once_and_close_the_connection() {

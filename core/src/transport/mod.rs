@@ -474,7 +474,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                 Lookup::Key(key) => match self.engine.authenticate_relay(&checked, &key, now) {
                     Ok(source) => {
                         return self.call_step(
-                            &Caller::Relay(source),
+                            &Caller::relay_at(source, checked.route_revision),
                             req,
                             method,
                             params,
@@ -549,7 +549,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
             Err(r) => return r,
         };
         let r = self.engine.call_parsed(
-            &Caller::Relay(own),
+            &Caller::relay(own),
             None,
             method.as_str(),
             params,
@@ -828,6 +828,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     method,
                     body,
                     shard,
+                    route_revision,
                 } => {
                     let timeout_ms = exchange_timeout(self.engine.config().attempt_timeout);
                     // A sibling shard takes the request through `Relay::sibling`, with no
@@ -840,8 +841,15 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                             let (c, crypto) = self.engine.config_and_crypto();
                             let hash = crypto.sha256(&body);
                             let h = outbound::sign(
-                                &self.key, &c.network, &c.relay, &target, method, &hash, now,
+                                &self.key,
+                                &c.network,
+                                &c.relay,
+                                &target,
+                                method,
+                                &hash,
+                                now,
                                 &nonce,
+                                route_revision,
                             );
                             outbound::headers(&h)
                         }

@@ -19,7 +19,8 @@ pub struct PeerRequest {
     pub target: String,
     /// `{target}/relay/v1/{method}`.
     pub url: String,
-    /// `content-type` and the four relay authentication headers (none for a sibling shard).
+    /// `content-type`, the four relay authentication headers and, for a delivery,
+    /// `Relay-Route-Revision` (none for a sibling shard).
     pub headers: Vec<(&'static str, String)>,
     /// The exact bytes to send.
     pub body: Vec<u8>,
@@ -79,7 +80,8 @@ pub fn headers(h: &RelayHeaders) -> Vec<(&'static str, String)> {
     v
 }
 
-/// Signs a request with the relay's key; the nonce is the caller's (drawn from the engine's entropy).
+/// Signs a request with the relay's key; the nonce is the caller's (drawn from the engine's
+/// entropy), `route_revision` the recipient's route revision a delivery targets.
 #[allow(clippy::too_many_arguments)]
 pub fn sign(
     key: &SigningKey,
@@ -90,6 +92,7 @@ pub fn sign(
     body_sha256: &[u8; 32],
     now: u64,
     nonce: &[u8; 16],
+    route_revision: Option<u64>,
 ) -> RelayHeaders {
     relay_request::sign_with(
         key,
@@ -100,6 +103,7 @@ pub fn sign(
         now,
         nonce,
         body_sha256,
+        route_revision,
     )
 }
 

@@ -120,6 +120,7 @@ fn relay_request(from: &mut Mem, to: &str, method: PeerMethod, body: &[u8], now:
             method,
             body: body.to_vec(),
             shard: None,
+            route_revision: (method == PeerMethod::Deliver).then_some(1),
         }],
         now,
     );
@@ -282,6 +283,7 @@ fn a_sibling_shards_send_is_unsigned_and_runs_as_the_relays_own_call() {
         method: PeerMethod::RouteGet,
         body: ROUTE_GET.to_vec(),
         shard,
+        route_revision: None,
     };
     // To a sibling: no relay authentication headers (nothing signed, no nonce drawn).
     let events = s0.events(vec![send(Some(1))], T0);
@@ -504,6 +506,7 @@ fn outbound_requests_are_signed_and_replay_exactly() {
                 method: PeerMethod::Deliver,
                 body: b"{}".to_vec(),
                 shard: None,
+                route_revision: Some(2),
             }],
             T0,
         )
@@ -521,9 +524,13 @@ fn outbound_requests_are_signed_and_replay_exactly() {
             "Relay-Id",
             "Relay-Timestamp",
             "Relay-Nonce",
-            "Relay-Signature"
+            "Relay-Signature",
+            "Relay-Route-Revision"
         ]
     );
+    assert!(p
+        .headers
+        .contains(&("Relay-Route-Revision", "2".to_string())));
     // Nonces differ from one request to the next.
     assert_ne!(one, send(&mut a));
 }

@@ -47,6 +47,18 @@ fn wit_code<S: serde::Serializer>(code: &ErrorCode, s: S) -> Result<S::Ok, S::Er
     s.serialize_str(&code.as_str().replace('_', "-"))
 }
 
+impl Failure {
+    /// A typed call lost before it committed (a trap, a failed group commit): `internal`,
+    /// nothing was accepted, so a retry is safe. The typed twin of
+    /// [`super::Response::uncommitted`], which every host answers with as it is.
+    pub fn uncommitted() -> Failure {
+        Failure::from(&Error::new(
+            crate::ErrorCode::Internal,
+            super::http::UNCOMMITTED_MESSAGE,
+        ))
+    }
+}
+
 impl From<&Error> for Failure {
     fn from(e: &Error) -> Failure {
         Failure {

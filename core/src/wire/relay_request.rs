@@ -1,8 +1,19 @@
 //! Relay RPC authentication (protocol.md §6): making and checking `Relay-Signature`.
 //!
 //! The source signs, by the signing rule, the object
-//! `{type: "relay_request", network, method, relay, to, ts, nonce, body_sha256}`.
+//! `{type: "relay_request", network, method, relay, to, ts, nonce, body_sha256, route_revision?}`.
 //! Both sides live here so that every host makes and checks the same bytes.
+//!
+//! Rules decided here, a test each:
+//! - `message.deliver` carries `Relay-Route-Revision` (the recipient's route revision the
+//!   attempt targets, decimal), signed as the integer `route_revision`; one without it, or
+//!   with a value that is not a canonical decimal of at most 2^53 - 1, is `invalid_params`,
+//!   judged after the cheap checks of the other headers (`to`, `method` and `ts` come
+//!   before anything else, §6) and before any key is fetched or signature verified.
+//! - No other method carries it: the header on any other method is `invalid_params`, so a
+//!   request never holds an unsigned value a reader could mistake for a signed one.
+//! - A revision changed in transit fails the signature (`unauthenticated`), as any other
+//!   signed member does.
 
 use super::base64url;
 use super::crypto::Crypto;
@@ -24,19 +35,31 @@ pub struct RelayHeaders {
     pub nonce: String,
     /// `Relay-Signature`: base64url of 64 bytes.
     pub signature: String,
+    /// `Relay-Route-Revision`: decimal, on `message.deliver` only (protocol.md §6).
+    pub route_revision: Option<String>,
 }
 
 impl RelayHeaders {
     /// As `(name, value)` pairs, for a host's HTTP client.
-    pub fn pairs(&self) -> [(&'static str, &str); 4] {
-        [
-            ("Relay-Id", &self.relay_id),
-            ("Relay-Timestamp", &self.timestamp),
-            ("Relay-Nonce", &self.nonce),
-            ("Relay-Signature", &self.signature),
-        ]
+    pub fn pairs(&self) -> Vec<(&'static str, &str)> {
+        let mut v = vec![
+            ("Relay-Id", self.relay_id.as_str()),
+            ("Relay-Timestamp", self.timestamp.as_str()),
+            ("Relay-Nonce", self.nonce.as_str()),
+            ("Relay-Signature", self.signature.as_str()),
+        ];
+        if let Some(r) = &self.route_revision {
+            v.push(("Relay-Route-Revision", r.as_str()));
+        }
+        v
     }
 }
+
+/// The method whose requests carry `Relay-Route-Revision`, and only it.
+pub const ROUTED_METHOD: &str = "message.deliver";
+
+/// The largest revision the header may carry (an I-JSON integer).
+const MAX_REVISION: u64 = (1 << 53) - 1;
 
 /// The object a relay request signature covers.
 pub fn signed_object(
@@ -47,6 +70,7 @@ pub fn signed_object(
     ts: u64,
     nonce: &str,
     body_sha256: &[u8; 32],
+    route_revision: Option<u64>,
 ) -> Object {
     let mut o = Object::new();
     o.insert("type", "relay_request");
@@ -57,10 +81,14 @@ pub fn signed_object(
     o.insert("ts", ts);
     o.insert("nonce", nonce);
     o.insert("body_sha256", base64url::encode(body_sha256));
+    if let Some(r) = route_revision {
+        o.insert("route_revision", r);
+    }
     o
 }
 
-/// Signs a request from `relay` (whose key seed is `seed`) to `to`.
+/// Signs a request from `relay` (whose key seed is `seed`) to `to`; `route_revision` is the
+/// recipient's route revision a `message.deliver` targets (none for other methods).
 #[allow(clippy::too_many_arguments)]
 pub fn sign(
     seed: &[u8; 32],
@@ -71,6 +99,7 @@ pub fn sign(
     ts: u64,
     nonce: &[u8; 16],
     body: &[u8],
+    route_revision: Option<u64>,
 ) -> RelayHeaders {
     sign_with(
         &SigningKey::from_bytes(seed),
@@ -81,6 +110,7 @@ pub fn sign(
         ts,
         nonce,
         &super::digest::sha256(body),
+        route_revision,
     )
 }
 
@@ -95,6 +125,7 @@ pub fn sign_with(
     ts: u64,
     nonce: &[u8; 16],
     body_sha256: &[u8; 32],
+    route_revision: Option<u64>,
 ) -> RelayHeaders {
     let nonce = base64url::encode(nonce);
     let o = signed_object(
@@ -105,6 +136,7 @@ pub fn sign_with(
         ts,
         &nonce,
         body_sha256,
+        route_revision,
     );
     let sig = key.sign(&signing_input("relay_request", &o));
     RelayHeaders {
@@ -112,6 +144,7 @@ pub fn sign_with(
         timestamp: ts.to_string(),
         nonce,
         signature: base64url::encode(&sig.to_bytes()),
+        route_revision: route_revision.map(|r| r.to_string()),
     }
 }
 
@@ -129,8 +162,43 @@ pub struct Prechecked {
     pub ts: u64,
     /// `Relay-Nonce` as sent (base64url of 16 bytes), to be consumed once the signature verifies.
     pub nonce: String,
+    /// `Relay-Route-Revision` of a `message.deliver` (signed): the recipient's route revision
+    /// the attempt targets.
+    pub route_revision: Option<u64>,
     sig: [u8; 64],
     input: Vec<u8>,
+}
+
+/// A canonical decimal (no sign, no leading zero) of at most [`MAX_REVISION`].
+fn decimal(text: &str) -> Option<u64> {
+    let ok = !text.is_empty()
+        && text.len() <= 16
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text == "0" || !text.starts_with('0'));
+    let v: u64 = text.parse().ok().filter(|_| ok)?;
+    (v <= MAX_REVISION).then_some(v)
+}
+
+/// `Relay-Route-Revision` as `method` needs it: required on `message.deliver`, refused on
+/// every other method.
+fn route_revision(headers: &RelayHeaders, method: &str) -> Result<Option<u64>, Error> {
+    match (&headers.route_revision, method == ROUTED_METHOD) {
+        (None, false) => Ok(None),
+        (Some(_), false) => Err(Error::new(
+            ErrorCode::InvalidParams,
+            format!("Relay-Route-Revision is sent with {ROUTED_METHOD} only"),
+        )),
+        (None, true) => Err(Error::new(
+            ErrorCode::InvalidParams,
+            "message.deliver needs Relay-Route-Revision: the recipient's route revision it targets",
+        )),
+        (Some(text), true) => decimal(text).map(Some).ok_or_else(|| {
+            Error::new(
+                ErrorCode::InvalidParams,
+                "Relay-Route-Revision must be a decimal integer of at most 2^53 - 1",
+            )
+        }),
+    }
 }
 
 fn unauthenticated(why: &str) -> Error {
@@ -197,6 +265,7 @@ pub fn precheck_with(
     }
     let sig = base64url::decode_array::<64>(&headers.signature)
         .ok_or_else(|| unauthenticated("Relay-Signature must be base64url of 64 bytes"))?;
+    let route_revision = route_revision(headers, method)?;
     let o = signed_object(
         network,
         method,
@@ -205,11 +274,13 @@ pub fn precheck_with(
         ts,
         &headers.nonce,
         &sha256(body),
+        route_revision,
     );
     Ok(Prechecked {
         source,
         ts,
         nonce: headers.nonce.clone(),
+        route_revision,
         sig,
         input: signing_input("relay_request", &o),
     })
@@ -250,4 +321,80 @@ pub fn well_known(relay: &RelayId, network: &str, key: &[u8; 32], policies: Valu
     o.insert("network", network);
     o.insert("policies", policies);
     Value::Object(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NET: &str = "dev";
+    const NOW: u64 = 1_700_000_000_000;
+    const SEED: [u8; 32] = [3; 32];
+
+    fn ids() -> (RelayId, RelayId) {
+        (
+            RelayId::parse("http://a.test").unwrap(),
+            RelayId::parse("http://b.test").unwrap(),
+        )
+    }
+
+    fn signed(method: &str, revision: Option<u64>) -> RelayHeaders {
+        let (a, b) = ids();
+        sign(&SEED, NET, method, &a, &b, NOW, &[1; 16], b"{}", revision)
+    }
+
+    fn check(h: &RelayHeaders, method: &str) -> Result<Prechecked, Error> {
+        let (_, b) = ids();
+        let p = precheck(h, NET, &b, method, b"{}", NOW, 300_000)?;
+        p.verify(&public_key(&SEED))?;
+        Ok(p)
+    }
+
+    #[test]
+    fn a_deliver_carries_its_route_revision_signed() {
+        let h = signed(ROUTED_METHOD, Some(7));
+        assert_eq!(h.route_revision.as_deref(), Some("7"));
+        assert!(h.pairs().contains(&("Relay-Route-Revision", "7")));
+        assert_eq!(check(&h, ROUTED_METHOD).unwrap().route_revision, Some(7));
+    }
+
+    #[test]
+    fn a_deliver_without_a_well_formed_route_revision_is_invalid_params() {
+        for bad in [
+            None,
+            Some(""),
+            Some("07"),
+            Some("-1"),
+            Some("1.0"),
+            Some("9007199254740992"),
+        ] {
+            let mut h = signed(ROUTED_METHOD, Some(7));
+            h.route_revision = bad.map(str::to_string);
+            let e = check(&h, ROUTED_METHOD).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidParams, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn no_other_method_carries_a_route_revision() {
+        let h = signed("route.get", None);
+        assert!(!h.pairs().iter().any(|(k, _)| *k == "Relay-Route-Revision"));
+        assert_eq!(check(&h, "route.get").unwrap().route_revision, None);
+        let mut h = h;
+        h.route_revision = Some("1".into());
+        assert_eq!(
+            check(&h, "route.get").unwrap_err().code,
+            ErrorCode::InvalidParams
+        );
+    }
+
+    #[test]
+    fn a_route_revision_changed_in_transit_fails_the_signature() {
+        let mut h = signed(ROUTED_METHOD, Some(1));
+        h.route_revision = Some("3".into());
+        assert_eq!(
+            check(&h, ROUTED_METHOD).unwrap_err().code,
+            ErrorCode::Unauthenticated
+        );
+    }
 }

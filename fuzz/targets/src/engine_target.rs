@@ -158,6 +158,7 @@ struct InFlight {
     target: RelayId,
     method: &'static str,
     body: Vec<u8>,
+    route_revision: Option<u64>,
 }
 
 /// What a DeliveryStatus promised: these never change while the record lives.
@@ -435,13 +436,24 @@ impl<'a> Sim<'a> {
             _ => [1; 16],
         };
         let body = self.m.bytes(24).to_vec();
-        let mut h =
-            relay_request::sign(&seed, NET, "message.deliver", &from, &me, ts, &nonce, &body);
+        let revision = Some(u64::from(self.m.choose(3) as u8));
+        let mut h = relay_request::sign(
+            &seed,
+            NET,
+            "message.deliver",
+            &from,
+            &me,
+            ts,
+            &nonce,
+            &body,
+            revision,
+        );
         let mut with_key = key;
         match self.m.choose(8) {
             0..=4 => {}
             5 => with_key = relay_request::public_key(&[99; 32]),
             6 => h.signature = base64url::encode(&[7; 64]),
+            7 if self.m.chance(2) => h.route_revision = None,
             _ => h.timestamp = format!("0{}", h.timestamp),
         }
         let now = self.now;
@@ -503,6 +515,7 @@ impl<'a> Sim<'a> {
                     target,
                     method,
                     body,
+                    route_revision,
                     ..
                 } => {
                     json::parse_object(body).unwrap_or_else(|e| {
@@ -516,6 +529,7 @@ impl<'a> Sim<'a> {
                         target: target.clone(),
                         method: method.as_str(),
                         body: body.clone(),
+                        route_revision: *route_revision,
                     });
                 }
                 Effect::WakeAt(t) => self.nodes[n].wake = Some(*t),
@@ -581,7 +595,8 @@ impl<'a> Sim<'a> {
         let outcome = match self.m.choose(12) {
             0..=6 => match self.nodes.iter().position(|n| n.id == req.target) {
                 Some(t) => {
-                    let caller = Caller::Relay(self.nodes[req.source].id.clone());
+                    let source = self.nodes[req.source].id.clone();
+                    let caller = Caller::relay_at(source, req.route_revision);
                     let now = self.now;
                     let r = self.call(t, &caller, req.method, &req.body, now, None);
                     if self.m.chance(15) {
@@ -756,7 +771,10 @@ impl<'a> Sim<'a> {
             0..=10 => {}
             11 => req.caller = Caller::Anonymous,
             12 => req.caller = Caller::Operator,
-            13 => req.caller = Caller::Relay(self.nodes[1 - req.node].id.clone()),
+            13 => {
+                let revision = self.m.chance(2).then(|| self.m.choose(4) as u64);
+                req.caller = Caller::relay_at(self.nodes[1 - req.node].id.clone(), revision)
+            }
             14 => {
                 let a = self.account();
                 let d = self.m.choose(self.accounts[a].devices.len());
@@ -1418,7 +1436,7 @@ impl<'a> Sim<'a> {
         p.insert("route", route);
         let node = self.m.choose(self.nodes.len());
         let caller = if self.m.chance(40) {
-            Caller::Relay(self.nodes[1 - node].id.clone())
+            Caller::relay(self.nodes[1 - node].id.clone())
         } else {
             Caller::Anonymous
         };
@@ -1658,7 +1676,14 @@ impl<'a> Sim<'a> {
             }
         };
         p.insert("device_certificate", cert);
-        let source = Caller::Relay(self.nodes[self.accounts[from].home].id.clone());
+        // The revision the deliver targets: mostly a current one, sometimes an older one or
+        // none (rule 6 and the header's shape).
+        let revision = match self.m.choose(8) {
+            0 => None,
+            1 => Some(0),
+            _ => Some(u64::from(u32::MAX)),
+        };
+        let source = Caller::relay_at(self.nodes[self.accounts[from].home].id.clone(), revision);
         let node = to.map_or(0, |t| self.accounts[t].home);
         self.plain(node, source, "message.deliver", p)
     }

@@ -66,12 +66,13 @@ pub fn objects(data: &[u8]) {
 /// Raw bytes as header strings: the header parser must not panic on any text.
 fn texts_of_raw(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let mut parts = text.splitn(4, '\n');
+    let mut parts = text.splitn(5, '\n');
     let headers = relay_request::RelayHeaders {
         relay_id: parts.next().unwrap_or_default().to_string(),
         timestamp: parts.next().unwrap_or_default().to_string(),
         nonce: parts.next().unwrap_or_default().to_string(),
         signature: parts.next().unwrap_or_default().to_string(),
+        route_revision: parts.next().map(str::to_string),
     };
     precheck(&headers, data);
 }
@@ -89,7 +90,8 @@ fn precheck(headers: &relay_request::RelayHeaders, body: &[u8]) {
     }
 }
 
-/// `{"Relay-Id", "Relay-Timestamp", "Relay-Nonce", "Relay-Signature", "body"?, "key"?}` as a request.
+/// `{"Relay-Id", "Relay-Timestamp", "Relay-Nonce", "Relay-Signature", "Relay-Route-Revision"?,
+/// "body"?, "key"?}` as a request.
 fn headers(o: &Object) {
     let s = |k: &str| o.get(k).and_then(Value::as_str).map(str::to_string);
     let (Some(relay_id), Some(timestamp), Some(nonce), Some(signature)) = (
@@ -105,6 +107,7 @@ fn headers(o: &Object) {
         timestamp,
         nonce,
         signature,
+        route_revision: s("Relay-Route-Revision"),
     };
     let body = s("body").unwrap_or_default();
     precheck(&h, body.as_bytes());

@@ -259,7 +259,17 @@ pub fn builder_objects() -> Vec<Object> {
     let a = RelayId::parse("http://a.test").expect("relay id");
     let b = RelayId::parse("http://b.test").expect("relay id");
     let body = br#"{"x":1}"#;
-    let h = relay_request::sign(&[9; 32], NET, "message.deliver", &a, &b, T0, &[8; 16], body);
+    let h = relay_request::sign(
+        &[9; 32],
+        NET,
+        "message.deliver",
+        &a,
+        &b,
+        T0,
+        &[8; 16],
+        body,
+        Some(1),
+    );
     let mut headers = Object::new();
     for (name, value) in h.pairs() {
         headers.insert(name, value);

@@ -37,6 +37,22 @@ pub enum Fault {
     /// padded with whitespace past the largest answer a relay reads
     /// (`relay_core::transport::outbound::MAX_ANSWER`): still valid JSON, but too long.
     Oversized,
+    /// Keeps it, not forwarded, and closes the connection (the sender cannot know it was not
+    /// seen): a request held in the network until [`Proxy::release`] forwards it as it came,
+    /// its signed headers and body unchanged.
+    Capture,
+}
+
+/// A captured request, released: what the destination answered.
+#[derive(Clone, Debug)]
+pub struct Released {
+    /// `Relay-Route-Revision` as the source signed it, if it carried one.
+    pub route_revision: Option<String>,
+    /// The request body, as sent.
+    pub body: Vec<u8>,
+    /// The destination's status and JSON answer, when it answered.
+    pub status: Option<u16>,
+    pub answer: Value,
 }
 
 /// Chances (per thousand) of each fault in chaos mode; the rest pass.
@@ -62,6 +78,8 @@ pub struct Hit {
     pub path: String,
     /// `envelope.message_id` of a message.deliver or message.send body.
     pub message_id: Option<String>,
+    /// `Relay-Route-Revision`, as the source signed it.
+    pub route_revision: Option<String>,
     pub body: Vec<u8>,
     pub fault: Fault,
     /// The destination's HTTP status, when it was forwarded and answered.
@@ -77,6 +95,8 @@ struct State {
     script: VecDeque<Fault>,
     chaos: Option<(Chaos, ChaCha20Rng)>,
     log: Vec<Hit>,
+    /// Requests held by [`Fault::Capture`], in arrival order.
+    captured: Vec<Request>,
 }
 
 impl Default for State {
@@ -87,6 +107,7 @@ impl Default for State {
             script: VecDeque::new(),
             chaos: None,
             log: Vec::new(),
+            captured: Vec::new(),
         }
     }
 }
@@ -242,6 +263,37 @@ impl Proxy {
         (Fault::Pass, upstream)
     }
 
+    /// Forwards every captured request now, as it came, and returns what the destination
+    /// answered each (a request delayed in the network arriving at last).
+    pub fn release(&self) -> Vec<Released> {
+        let (captured, upstream) = {
+            let mut s = self.lock();
+            (std::mem::take(&mut s.captured), s.upstream)
+        };
+        captured
+            .into_iter()
+            .map(|req| {
+                let route_revision = req
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == "relay-route-revision")
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+                let answered = forward(upstream, &req);
+                let answer = answered
+                    .as_ref()
+                    .and_then(|(_, raw)| answer_body(raw))
+                    .and_then(|b| json::parse(&b).ok())
+                    .unwrap_or(Value::Null);
+                Released {
+                    route_revision,
+                    body: req.body,
+                    status: answered.map(|(s, _)| s),
+                    answer,
+                }
+            })
+            .collect()
+    }
+
     /// Serves one client connection, one request at a time.
     fn serve(&self, mut conn: TcpStream) {
         let _ = conn.set_nodelay(true);
@@ -282,6 +334,15 @@ impl Proxy {
                     None => false,
                 },
                 Fault::DropRequest => false,
+                Fault::Capture => {
+                    self.lock().captured.push(Request {
+                        method: req.method.clone(),
+                        path: req.path.clone(),
+                        headers: req.headers.clone(),
+                        body: req.body.clone(),
+                    });
+                    false
+                }
                 Fault::RateLimited(ms) => {
                     let body = format!(
                         r#"{{"error":{{"code":"rate_limited","message":"proxy: slow down","data":{{"retry_after":{ms}}}}}}}"#
@@ -299,9 +360,15 @@ impl Proxy {
                     false
                 }
             };
+            let route_revision = req
+                .headers
+                .iter()
+                .find(|(n, _)| n == "relay-route-revision")
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
             let hit = Hit {
                 at,
                 done_at: now_ms(),
+                route_revision,
                 message_id: message_id_of(&req.body),
                 path: req.path,
                 body: req.body,

@@ -113,6 +113,56 @@ impl Sim {
         self.submit(k);
     }
 
+    /// Rule 6 (odd seeds): sometimes the client first tries message `k` through a session
+    /// its device opened at the source in an earlier home span (before a move away and
+    /// back). A new message is refused `not_home_relay` with the route naming the source
+    /// itself; a recognized one is answered; the session may have expired, or a storage
+    /// fault may answer `internal`. Nothing else.
+    fn try_old_session(&mut self, k: usize) {
+        let (from, source, dev) = (self.msgs[k].from, self.msgs[k].source, self.msgs[k].dev);
+        if !self.span_faults {
+            return;
+        }
+        let Some(spans) = self.old_sessions.get(&(from, source)) else {
+            return;
+        };
+        let span = self.spans_rng.gen_range(0..spans.len());
+        let Some(token) = spans[span].get(dev).cloned() else {
+            return;
+        };
+        if !self.spans_rng.gen_bool(0.3) {
+            return;
+        }
+        self.stats.old_session_probes += 1;
+        let params = canonical::object_to_vec(&self.msgs[k].params);
+        let (r, _, _) = self.call_op(source, &Caller::Session(token), "message.send", &params);
+        self.trace(|| {
+            format!(
+                "a{from} message.send {} at r{source} through a session of an earlier span: {}",
+                self.msgs[k].id,
+                String::from_utf8_lossy(&r.body())
+            )
+        });
+        let here = self.relay_str(source);
+        match &r.result {
+            Ok(_) if self.msgs[k].accepted.is_some() || self.msgs[k].landed_at.is_some() => {}
+            Err(e)
+                if e.code == ErrorCode::NotHomeRelay
+                    && e.data
+                        .as_ref()
+                        .and_then(|d| field(d, "route"))
+                        .and_then(|r| field(r, "relay"))
+                        .and_then(Value::as_str)
+                        == Some(here.as_str()) => {}
+            Err(e) if matches!(e.code, ErrorCode::Unauthenticated | ErrorCode::Internal) => {}
+            other => self.fail(format!(
+                "rule 6: message.send of {} at r{source} through a session of an earlier home \
+                 span answered {other:?}",
+                self.msgs[k].task
+            )),
+        }
+    }
+
     pub(crate) fn session(&self, acct: usize, relay: usize, dev: usize) -> Caller {
         Caller::Session(self.sessions[&(acct, relay)][dev].clone())
     }
@@ -139,6 +189,9 @@ impl Sim {
                 }
             }
         } else {
+            if !former {
+                self.try_old_session(k);
+            }
             self.session(from, source, dev)
         };
         let params = canonical::object_to_vec(&self.msgs[k].params);

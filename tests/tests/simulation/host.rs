@@ -39,6 +39,7 @@ impl Sim {
                     method,
                     body,
                     shard,
+                    route_revision,
                 } => self.outbox.push((
                     InFlight {
                         source: n,
@@ -48,6 +49,7 @@ impl Sim {
                         method,
                         body,
                         shard,
+                        route_revision,
                     },
                     clock,
                 )),
@@ -216,7 +218,7 @@ impl Sim {
             return;
         }
         let (path, headers) = match caller {
-            Caller::Relay(_) => (format!("/relay/v1/{method}"), Vec::new()),
+            Caller::Relay { .. } => (format!("/relay/v1/{method}"), Vec::new()),
             Caller::Session(t) => (
                 format!("/v1/{method}"),
                 vec![("authorization".to_string(), format!("Bearer {t}"))],
@@ -645,8 +647,19 @@ impl Sim {
         }
     }
 
+    /// Adds node `n`'s engine's home span counts to the run's (before a restart replaces
+    /// the engine, and at the end).
+    pub(crate) fn harvest_span_counts(&mut self, n: usize) {
+        let spans = &self.engines[n].counters().home_spans;
+        let count = |event: &str| spans.get(event).copied().unwrap_or(0);
+        self.stats.stale_deliveries_refused += count("stale_delivery");
+        self.stats.revision_retries += count("revision_retry");
+        self.stats.old_sessions_refused += count("old_session");
+    }
+
     /// Node `n`'s engine restarts over its storage.
     pub(crate) fn restart(&mut self, n: usize) {
+        self.harvest_span_counts(n);
         let seed = self.rng.gen();
         // As every host does: attempts in flight before now were carried by the old process.
         self.w.nodes[n].config.started_at = Some(self.w.clock(n));
@@ -762,7 +775,18 @@ impl Sim {
                     },
                 );
             }
-            let at = now + self.latency();
+            let mut at = now + self.latency();
+            // Rule 6: a delivery held in the network past a move away and a move back (the
+            // world of seed 1637), within the clock tolerance of its signature.
+            if self.span_faults
+                && req.method == PeerMethod::Deliver
+                && req.shard.is_none()
+                && self.spans_rng.gen_bool(0.03)
+            {
+                self.stats.held_past_moves += 1;
+                at = now + self.spans_rng.gen_range(90 * SEC..280 * SEC);
+                self.trace(|| format!("{} #{} held until t+{}", req.task, req.attempt, at - T0));
+            }
             self.schedule(
                 at,
                 Ev::Arrive {

@@ -102,7 +102,10 @@ impl Sim {
             tokens.push(self.open_session(x, to, dev));
         }
         self.accts[x].sessions = tokens.clone();
-        self.sessions.insert((x, to), tokens);
+        if let Some(old) = self.sessions.insert((x, to), tokens) {
+            // A move back: the sessions of the earlier span stay with their clients.
+            self.old_sessions.entry((x, to)).or_default().push(old);
+        }
         if !back {
             self.regs[x].push(to);
         }

@@ -93,7 +93,8 @@ impl Sim {
             Some(_) => return self.lost(req),
             None => {}
         }
-        let caller = Caller::Relay(self.w.nodes[req.source].id.clone());
+        let source = self.w.nodes[req.source].id.clone();
+        let caller = Caller::relay_at(source, req.route_revision);
         let (r, log, _) = self.call_op(t, &caller, req.method.as_str(), &req.body);
         if log.indeterminate() {
             // The host cannot know whether the commit landed, so `internal` might be untrue:
