@@ -62,6 +62,7 @@ pub const ROUTED_METHOD: &str = "message.deliver";
 const MAX_REVISION: u64 = (1 << 53) - 1;
 
 /// The object a relay request signature covers.
+#[allow(clippy::too_many_arguments)]
 pub fn signed_object(
     network: &str,
     method: &str,
