@@ -1391,3 +1391,104 @@ allow_private_peers = true
         assert!(text.contains(flag), "{flag} missing from --help");
     }
 }
+
+/// A report whose group commit fails answers the requests it resumes as uncommitted (500
+/// `internal`: nothing was accepted), not with what the core decided in the undone commit.
+/// Here a relay request parked for its source's key: the key's report verifies it and
+/// consumes its nonce, and that commit fails. Once commits succeed again, the same request
+/// signed anew (its nonce was never kept) is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_whose_commit_fails_answers_its_parked_requests_uncommitted() {
+    use relay_core::wire::canonical;
+    use relay_core::wire::identity::RelayId;
+    use relay_core::wire::json::Object;
+    use relay_core::wire::relay_request;
+    let faults = Arc::new(Faults::default());
+    let s = Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data: None,
+        ..Settings::default()
+    };
+    let a = relay_host_wasmtime::start_with(s, Some(faults.clone()))
+        .await
+        .unwrap();
+    let (_, doc) = admin_client()
+        .get(&format!("{}/.well-known/relay", a.url))
+        .await
+        .unwrap();
+    let doc = json::parse(&doc).unwrap();
+    let me = doc
+        .as_object()
+        .and_then(|o| o.get("relay"))
+        .and_then(Value::as_str);
+    let me = RelayId::parse(me.unwrap()).unwrap();
+    // The source relay: its key document is answered only once the test says so.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peer = RelayId::parse(&format!(
+        "http://127.0.0.1:{}",
+        l.local_addr().unwrap().port()
+    ))
+    .unwrap();
+    let seed = [5u8; 32];
+    let doc = canonical::to_vec(&relay_request::well_known(
+        &peer,
+        "dev",
+        &relay_request::public_key(&seed),
+        Value::Object(Object::new()),
+    ));
+    let (go, gate) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let _ = read_head(&mut s).await;
+        let _ = gate.await;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            doc.len()
+        );
+        let _ = s.write_all(head.as_bytes()).await;
+        let _ = s.write_all(&doc).await;
+    });
+    let body: &'static [u8] = br#"{"account":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#;
+    let ask = |n: u8| {
+        let h = relay_request::sign(
+            &seed,
+            "dev",
+            "route.get",
+            &peer,
+            &me,
+            now_ms(),
+            &[n; 16],
+            body,
+            None,
+        );
+        let url = format!("{}/relay/v1/route.get", a.url);
+        tokio::spawn(async move {
+            let pairs: Vec<(&str, &str)> = h.pairs();
+            admin_client()
+                .post(&url, &pairs, body.to_vec())
+                .await
+                .expect("answered")
+        })
+    };
+    let parked = ask(1);
+    let started = Instant::now();
+    while a.app.key_fetches() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no key fetch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    faults.fail_commits.store(true, Ordering::SeqCst);
+    let _ = go.send(());
+    let (s, b) = parked.await.unwrap();
+    faults.fail_commits.store(false, Ordering::SeqCst);
+    assert_eq!(
+        (s, b.as_slice()),
+        (500, relay_core::transport::http::UNCOMMITTED),
+        "{}",
+        String::from_utf8_lossy(&b)
+    );
+    // Signed anew: verified under the cached key, and answered (no such account).
+    let (s, b) = ask(2).await.unwrap();
+    assert_eq!(s, 404, "{}", String::from_utf8_lossy(&b));
+    still_serves(&a).await;
+    a.stop().await;
+}

@@ -1417,7 +1417,9 @@ fn home_span_replay(ka: Kind, kb: Kind) {
     let mut alice = c.register(&a.relay, true);
     let bob = c.register(&b.relay, true);
     c.publish(&b.relay, &alice);
+    c.publish(&a.relay, &bob);
     let before_moves = at_relay(&alice, &a.relay, &alice.sessions[0]);
+    let mut old_socket = Socket::connect(&before_moves, 0);
     let lose_all = Chaos {
         drop_request: 1000,
         drop_response: 0,
@@ -1489,7 +1491,8 @@ fn home_span_replay(ka: Kind, kb: Kind) {
     );
     assert!(cc.proxy.delivers(&id).is_empty(), "never sent to C");
 
-    // Sessions: the one from before the moves cannot send; the one from the move back can.
+    // Sessions: the one from before the moves cannot send, over HTTP or over the WebSocket
+    // opened with it then; the one from the move back can.
     let through_old = c.message(
         &before_moves,
         &bob,
@@ -1502,6 +1505,14 @@ fn home_span_replay(ka: Kind, kb: Kind) {
         &v,
         &alice.route,
         "a message.send through a session from before the moves",
+    );
+    let answer = old_socket.call("message.send", &through_old);
+    let code = field(&answer, "error").map(|e| str_of(e, "code"));
+    assert_eq!(code.as_deref(), Some("not_home_relay"), "{answer:?}");
+    assert_eq!(
+        route_in(&answer),
+        Value::Object(alice.route.clone()),
+        "{answer:?}"
     );
     let st = deliver_and_wait(&c, &alice, &through_old);
     assert_eq!(status_of(&st), "target_accepted", "{st:?}");
