@@ -113,6 +113,18 @@ const _: fn(Kind) = |k| match k {
 };
 const _: () = assert!(Kind::ALL.len() == 3 && Kind::PAIRS.len() == 9);
 
+/// Chaos that loses every request on the fault prefix (none is forwarded).
+const LOSE_ALL: Chaos = Chaos {
+    drop_request: 1000,
+    drop_response: 0,
+    delay: 0,
+    delay_ms: 0,
+    rate_limited: 0,
+    retry_after_ms: 0,
+    unavailable: 0,
+    reset: 0,
+};
+
 /// A relay behind its proxy.
 struct Proxied {
     relay: Relay,
@@ -1228,18 +1240,8 @@ fn migration_keeps_results_at_the_former_home(ka: Kind, kb: Kind) {
     // 2. A delivery towards alice in flight at the move: A's proxy holds bob's first
     // attempt (past C's attempt timeout) and loses every retry until alice has moved.
     const HOLD: u64 = 6_000;
-    let lose_all = Chaos {
-        drop_request: 1000,
-        drop_response: 0,
-        delay: 0,
-        delay_ms: 0,
-        rate_limited: 0,
-        retry_after_ms: 0,
-        unavailable: 0,
-        reset: 0,
-    };
     a.proxy.script(&[Fault::Delay(HOLD)]);
-    a.proxy.chaos(lose_all, 31);
+    a.proxy.chaos(LOSE_ALL, 31);
     let in_flight = c.message(&bob, &alice, "in flight at the move", &Msg::default());
     let id_in = message_id(&in_flight);
     let (s, v) = c.send(&bob, &in_flight);
@@ -1420,18 +1422,8 @@ fn home_span_replay(ka: Kind, kb: Kind) {
     c.publish(&a.relay, &bob);
     let before_moves = at_relay(&alice, &a.relay, &alice.sessions[0]);
     let mut old_socket = Socket::connect(&before_moves, 0);
-    let lose_all = Chaos {
-        drop_request: 1000,
-        drop_response: 0,
-        delay: 0,
-        delay_ms: 0,
-        rate_limited: 0,
-        retry_after_ms: 0,
-        unavailable: 0,
-        reset: 0,
-    };
     a.proxy.script(&[Fault::Capture]);
-    a.proxy.chaos(lose_all, 43);
+    a.proxy.chaos(LOSE_ALL, 43);
     let m = c.message(&bob, &alice, "signed for revision 1", &Msg::default());
     let id = message_id(&m);
     let (s, v) = c.send(&bob, &m);
