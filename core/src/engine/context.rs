@@ -190,18 +190,24 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
         Ok(route.is_some_and(|r| r.relay == self.cfg.relay.as_str()))
     }
 
-    /// `not_home_relay`, carrying the highest route held in `data.route`.
+    /// `not_home_relay`, carrying the highest route held in `data.route`; the storage's
+    /// error when that route cannot be read (a route error without its route would send a
+    /// client or a source the wrong way).
     pub(crate) fn not_home(&mut self, account: &str) -> Error {
         let mut e = Error::new(
             ErrorCode::NotHomeRelay,
             format!("this relay is not the home relay of {account}"),
         );
-        if let Ok(Some(r)) = self.held_route(account) {
-            if let Ok(route) = json::parse(r.route.as_bytes()) {
-                let mut data = Object::new();
-                data.insert("route", route);
-                e = e.with_data(Value::Object(data));
+        match self.held_route(account) {
+            Ok(Some(r)) => {
+                if let Ok(route) = json::parse(r.route.as_bytes()) {
+                    let mut data = Object::new();
+                    data.insert("route", route);
+                    e = e.with_data(Value::Object(data));
+                }
             }
+            Ok(None) => {}
+            Err(fault) => return fault.into(),
         }
         e
     }

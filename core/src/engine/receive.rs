@@ -74,14 +74,17 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 "self-delivery is never delivered between relays",
             ));
         }
+        // The highest route held for the recipient, read once for rule 6 and rule 1.
+        let to = inc.envelope.to.as_str();
+        let held = self.held_route(to)?;
+        let me = self.cfg.relay.as_str();
         // Home spans (rule 6): an attempt aimed at an older revision of the recipient's route
         // than the highest held is from before a move, refused with that route even when it
         // names this relay (a move away and back), so no message is accepted at two homes.
-        if let Some(rev) = revision {
-            let to = inc.envelope.to.as_str();
-            if let Some(held) = self.held_route(to)?.filter(|h| rev < h.revision) {
+        if let (Some(rev), Some(h)) = (revision, &held) {
+            if rev < h.revision {
                 // Counted where only this rule refuses it: the account is served here again.
-                if held.relay == self.cfg.relay.as_str() {
+                if h.relay == me {
                     super::metrics::Counters::bump(&mut self.counts.home_spans, "stale_delivery");
                 }
                 return Err(self.not_home(to));
@@ -89,8 +92,9 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         // Rule 1 before any limit is charged: a relay that does not serve the recipient (a
         // former home among them) answers with the route it holds, at no cost to anyone.
-        if !self.serves(inc.envelope.to.as_str())? {
-            return Err(self.not_home(inc.envelope.to.as_str()));
+        let routed_here = held.is_some_and(|h| h.relay == me);
+        if !routed_here || self.txn.get_raw(&k::account(to))?.is_none() {
+            return Err(self.not_home(to));
         }
         inc.routed_here = true;
         // A sibling shard of this relay is not a foreign source: as for a local delivery,
