@@ -294,3 +294,73 @@ pub fn entries(body: &[u8]) -> usize {
         })
         .unwrap_or(0)
 }
+
+/// Two relays' accounts and the sends between them (the federation part): [`SENDERS`]
+/// senders at relay `a`, as many discoverable recipients at relay `b` and as many at `a`.
+pub struct Federation {
+    rng: ChaCha20Rng,
+    senders: Vec<Account>,
+    far: Vec<Account>,
+    near: Vec<Account>,
+    /// Registrations and session.open bodies at `a`: the senders, then `a`'s recipients.
+    pub at_a: Vec<Local>,
+    /// Registrations at `b`: its recipients.
+    pub at_b: Vec<Local>,
+    /// route.publish bodies of `b`'s recipients, for `a` to hold before any send.
+    pub routes: Vec<Vec<u8>>,
+}
+
+impl Federation {
+    /// The accounts of both relays, seeded.
+    pub fn new(a: &str, b: &str, seed: u64) -> Federation {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let now = now_ms();
+        let senders: Vec<Account> = (0..SENDERS).map(|_| account(&mut rng)).collect();
+        let far: Vec<Account> = (0..SENDERS).map(|_| account(&mut rng)).collect();
+        let near: Vec<Account> = (0..SENDERS).map(|_| account(&mut rng)).collect();
+        let at_a = senders
+            .iter()
+            .chain(&near)
+            .map(|x| local(&mut rng, x, a, now))
+            .collect();
+        let at_b = far.iter().map(|x| local(&mut rng, x, b, now)).collect();
+        let routes = far
+            .iter()
+            .map(|x| {
+                let mut p = Object::new();
+                p.insert(
+                    "route",
+                    draft::route(NET, &x.key.id(), b, ROUTE_REVISION, now).sign(&x.key),
+                );
+                canonical::object_to_vec(&p)
+            })
+            .collect();
+        Federation {
+            rng,
+            senders,
+            far,
+            near,
+            at_a,
+            at_b,
+            routes,
+        }
+    }
+
+    /// `n` message.send params (sender index, params) from the senders round robin, each
+    /// to a recipient at `b` (`far`) or at `a`, round robin too.
+    pub fn sends(&mut self, n: usize, far: bool) -> Vec<(usize, Vec<u8>)> {
+        let now = now_ms();
+        (0..n)
+            .map(|i| {
+                let s = i % self.senders.len();
+                let group = if far { &self.far } else { &self.near };
+                let to = &group[(i / self.senders.len() + s) % group.len()];
+                let (env, boxes) = message(&mut self.rng, &self.senders[s], to, now);
+                let mut p = Object::new();
+                p.insert("envelope", env);
+                p.insert("recipient_boxes", boxes);
+                (s, canonical::object_to_vec(&p))
+            })
+            .collect()
+    }
+}

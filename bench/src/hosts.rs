@@ -75,6 +75,32 @@ impl Host {
         Host::start(cmd, dir).await
     }
 
+    /// The wasmtime host with these flags besides the common ones.
+    pub async fn wasmtime_with(exe: &Path, dir: &Path, flags: &[&str]) -> anyhow::Result<Host> {
+        let mut cmd = Command::new(exe);
+        cmd.arg("serve");
+        let mut all = vec!["--max-connections-per-ip", "4096"];
+        all.extend_from_slice(flags);
+        Host::start_with(cmd, dir, &all).await
+    }
+
+    /// The Node host with these flags besides the common ones.
+    pub async fn node_with(root: &Path, dir: &Path, flags: &[&str]) -> anyhow::Result<Host> {
+        let mut cmd = Command::new("node");
+        cmd.arg(root.join("host-node/bin/relay-node.js"))
+            .arg("serve");
+        let mut all = vec!["--max-connections-per-ip", "4096"];
+        all.extend_from_slice(flags);
+        Host::start_with(cmd, dir, &all).await
+    }
+
+    /// The edge host of one Durable Object with these flags besides the common ones.
+    pub async fn edge_with(root: &Path, dir: &Path, flags: &[&str]) -> anyhow::Result<Host> {
+        let mut cmd = Command::new(root.join("host-edge/bin/relay-edge"));
+        cmd.arg("serve");
+        Host::start_with(cmd, dir, flags).await
+    }
+
     /// The wasmtime host with its accounts sharded over `shards` cores.
     pub async fn wasmtime_sharded(exe: &Path, dir: &Path, shards: u32) -> anyhow::Result<Host> {
         let mut cmd = Command::new(exe);

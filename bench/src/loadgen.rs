@@ -9,9 +9,14 @@ use std::time::{Duration, Instant};
 
 /// Registers the fixture's accounts at `url` and opens their sessions; the bearer headers.
 pub async fn sessions(fx: &Fixture, url: &str) -> anyhow::Result<Vec<String>> {
+    open(&fx.accounts, url).await
+}
+
+/// Registers `accounts` at `url` and opens their sessions; the bearer headers, in order.
+pub async fn open(accounts: &[fixture::Local], url: &str) -> anyhow::Result<Vec<String>> {
     let http = admin_client();
     let mut tokens = Vec::new();
-    for a in &fx.accounts {
+    for a in accounts {
         let (s, b) = http
             .post(
                 &format!("{url}/v1/account.register"),

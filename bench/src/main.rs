@@ -3,11 +3,13 @@
 //! In one process tree and one sitting: the native floor, the engine natively
 //! (memory and SQLite), the wasmtime component and the Node build in-process,
 //! the three hosts over loopback HTTP driven by the load generator, and the
-//! sharded hosts at 1, 2 and 4 shards (`shards.rs`), and each host's memory along
+//! sharded hosts at 1, 2 and 4 shards (`shards.rs`), pairs of relays federating over
+//! loopback beside local delivery, batched and single (`federation.rs`), and each host's memory along
 //! 100,000 sends (RSS at 0, 20,000 and 100,000). Every
 //! figure is also given as a ratio to the native engine measured in the
 //! same run. Results go to `<target>/bench/results.json`.
 
+mod federation;
 mod fixture;
 mod floor;
 mod hosts;
@@ -31,6 +33,8 @@ struct Sizes {
     concurrencies: Vec<usize>,
     /// Sends of each workload at each shard count.
     shard_sends: usize,
+    /// Sends of each federation pair, federated and local each.
+    federation_sends: usize,
     /// Sends each host takes in the memory part (RSS at 0, a fifth of it, and all of it).
     memory_sends: usize,
     scale: scale::Scale,
@@ -46,6 +50,7 @@ impl Sizes {
                 http_per_level: 400,
                 concurrencies: vec![4, 32],
                 shard_sends: 1000,
+                federation_sends: 400,
                 memory_sends: 10_000,
                 scale: scale::Scale {
                     small: 1_000,
@@ -61,6 +66,7 @@ impl Sizes {
                 http_per_level: 5000,
                 concurrencies: vec![1, 8, 32, 128],
                 shard_sends: 6000,
+                federation_sends: 8000,
                 memory_sends: 100_000,
                 scale: scale::Scale {
                     small: 1_000,
@@ -458,6 +464,33 @@ fn targets(rep: &mut Report) {
             }
         }
     }
+    for (pair, _, _) in federation::PAIRS {
+        for mode in ["batched", "single"] {
+            let name = federation::setup(pair, mode);
+            let of = |op: &str| {
+                rep.rows
+                    .iter()
+                    .find(|r| r.setup == name && r.sample.op.starts_with(op))
+                    .map(|r| r.sample.clone())
+            };
+            if let (Some(local), Some(fed), Some(lat)) = (
+                of("message.send, local"),
+                of("message.send to B"),
+                of("acceptance at A"),
+            ) {
+                lines.push((
+                    format!("target: {name}: federated / local msg/s, p99 at half rate"),
+                    format!(
+                        "{:.0} / {:.0} = {:.2}x (target >= 0.5x); p99 {:.0} ms (target <= 25 ms)",
+                        fed.per_s,
+                        local.per_s,
+                        fed.per_s / local.per_s,
+                        lat.p99_ms
+                    ),
+                ));
+            }
+        }
+    }
     if let Some(r) = rep
         .rows
         .iter()
@@ -485,7 +518,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: ./x bench [--quick] [--skip inprocess,http,node,runtimes,wasmtime,edge,shards,scale,memory] \
+    "usage: ./x bench [--quick] [--skip inprocess,http,node,runtimes,wasmtime,edge,shards,federation,scale,memory] \
 [--concurrency 8,32,128] [--scale-large N] [--soak N] [--versus OTHER_RELAY,...] [--out DIR]";
 
 /// Parses the flags; anything unknown or malformed is an error, never a silent full run.
@@ -519,6 +552,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                         "wasmtime",
                         "edge",
                         "shards",
+                        "federation",
                         "scale",
                         "memory",
                     ]
@@ -608,7 +642,7 @@ async fn main() -> anyhow::Result<()> {
     let mut skip = skip;
     if let Some(other) = versus {
         versus_http(&mut rep, &sz, &scratch, &other).await?;
-        skip = ["inprocess", "http", "shards", "scale"]
+        skip = ["inprocess", "http", "shards", "federation", "scale"]
             .map(str::to_string)
             .to_vec();
     }
@@ -626,6 +660,18 @@ async fn main() -> anyhow::Result<()> {
             &scratch,
             &skip,
             sz.shard_sends,
+        )
+        .await?;
+    }
+    // Federation: pairs of relays over loopback, federated beside local (issue 47).
+    if !skip.iter().any(|s| s == "federation") {
+        federation::run(
+            &mut rep,
+            &root(),
+            &relay_exe()?,
+            &scratch,
+            &skip,
+            sz.federation_sends,
         )
         .await?;
     }

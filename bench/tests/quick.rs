@@ -34,6 +34,20 @@ fn quick_mode_reports_every_host_against_native_and_the_floor() {
     );
     let rows = rows(&v);
     assert!(has(rows, "native floor", "-", "parse+JCS+SHA-256+verify"));
+    // Federation: every pair, batched and single, each with its local baseline, its
+    // federated rate and its latency at half that rate.
+    for pair in ["wasmtime", "node", "edge", "mixed node -> wasmtime"] {
+        for mode in ["batched", "single"] {
+            let setup = format!("federation {pair}, {mode}");
+            for op in [
+                "message.send, local",
+                "message.send to B, until B received all",
+                "acceptance at A to acceptance at B",
+            ] {
+                assert!(has(rows, &setup, "sqlite", op), "no row {setup} {op}");
+            }
+        }
+    }
     let ops = [
         "message.send",
         "message.deliver",

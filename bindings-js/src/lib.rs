@@ -1061,6 +1061,22 @@ impl RelayCore {
         Ok(p.max_request_bytes as f64)
     }
 
+    /// `max_batch_bytes` under `policies`: the body limit of [`RelayCore::batch_path`], in
+    /// place of `max_request_bytes`, which a host enforces before any core sees the request.
+    #[wasm_bindgen(js_name = maxBatchBytes)]
+    pub fn max_batch_bytes(policies: &str) -> Result<f64, JsValue> {
+        let p: relay_core::engine::Policies = serde_json::from_str(policies)
+            .map_err(|e| JsValue::from(js_sys::Error::new(&format!("policies: {e}"))))?;
+        Ok(p.body_limit(relay_core::engine::config::BATCH_PATH) as f64)
+    }
+
+    /// The path of relay RPC in batches (`message.deliver.batch`), whose body limit is
+    /// [`RelayCore::max_batch_bytes`].
+    #[wasm_bindgen(js_name = batchPath)]
+    pub fn batch_path() -> String {
+        relay_core::engine::config::BATCH_PATH.to_string()
+    }
+
     /// The answer frame to a WebSocket message whose call was lost before it committed.
     #[wasm_bindgen(js_name = uncommittedFrame)]
     pub fn uncommitted_frame(text: &str) -> String {

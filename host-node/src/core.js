@@ -86,6 +86,10 @@ export const busyFrame = (text) => core().busyFrame(text);
 export const uncommittedFrame = (text) => core().uncommittedFrame(text);
 /** `max_request_bytes` under `policies` (the default when not given). @param {Record<string, number>} [policies] */
 export const maxRequestBytes = (policies) => core().maxRequestBytes(JSON.stringify(policies ?? {}));
+/** `max_batch_bytes` under `policies`: the body limit of {@link batchPath}. @param {Record<string, number>} [policies] */
+export const maxBatchBytes = (policies) => core().maxBatchBytes(JSON.stringify(policies ?? {}));
+/** The path of relay RPC in batches, whose bodies are limited by `max_batch_bytes`. @type {() => string} */
+export const batchPath = () => core().batchPath();
 /** The request headers the core reads (lowercase): a host passes only these. @type {() => string[]} */
 export const requestHeaders = () => core().requestHeaders().split(',');
 /**

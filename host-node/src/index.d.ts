@@ -362,6 +362,8 @@ export class RelayThread extends EventEmitter {
   /** This relay's /.well-known/relay document. */
   readonly wellKnown: string;
   readonly maxRequestBytes: number;
+  /** The body limit of relay RPC in batches (`max_batch_bytes`). */
+  readonly maxBatchBytes: number;
   readonly data: string | null;
   readonly adminListen: string;
   /** This thread's log (the relay thread logs in the same format). */

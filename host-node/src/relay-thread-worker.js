@@ -81,4 +81,4 @@ parentPort.on('message', async (m) => {
   sending = null;
 });
 
-parentPort.postMessage({ started: { config: relay.core.config, wellKnown: relay.wellKnown(), maxRequestBytes: relay.maxRequestBytes, data: relay.data, adminListen: relay.adminListen } });
+parentPort.postMessage({ started: { config: relay.core.config, wellKnown: relay.wellKnown(), maxRequestBytes: relay.maxRequestBytes, maxBatchBytes: relay.maxBatchBytes, data: relay.data, adminListen: relay.adminListen } });

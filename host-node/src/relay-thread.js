@@ -16,7 +16,7 @@ const WORKER = new URL('./relay-thread-worker.js', import.meta.url);
 export class RelayThread extends EventEmitter {
   /**
    * @param {Worker} worker
-   * @param {{wellKnown: string, maxRequestBytes: number, data: string | null, adminListen: string, config: string}} started
+   * @param {{wellKnown: string, maxRequestBytes: number, maxBatchBytes: number, data: string | null, adminListen: string, config: string}} started
    * @param {Log} [log] this thread's log (the transports')
    * @param {Record<string, unknown>} [serveOptions] `serve`'s options given at start (limits, TLS)
    * @param {Ahead | null} [ahead] envelopes verified here, ahead of the thread (preverify.js)
@@ -28,6 +28,7 @@ export class RelayThread extends EventEmitter {
     this.serveOptions = serveOptions;
     this.wellKnown = started.wellKnown;
     this.maxRequestBytes = started.maxRequestBytes;
+    this.maxBatchBytes = started.maxBatchBytes;
     this.data = started.data;
     this.adminListen = started.adminListen;
     this.log = log;

@@ -8,7 +8,7 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import tls from 'node:tls';
-import { Core, backupAnswer, maxAnswer, notReady, maxRequestBytes, newAlarm, newHostMetrics, uncommitted, uncommittedFrame } from './core.js';
+import { Core, backupAnswer, maxAnswer, notReady, maxBatchBytes, maxRequestBytes, newAlarm, newHostMetrics, uncommitted, uncommittedFrame } from './core.js';
 import { MemoryStorage, SqliteStorage } from './storage.js';
 import { Log, messageOf } from './log.js';
 import { REFUSED_CODE, refusedUrl, vettedAddresses, vettedLookup } from './outbound.js';
@@ -72,6 +72,7 @@ const decoder = new TextDecoder();
  * @property {string} relay
  * @property {string} network
  * @property {number} maxRequestBytes
+ * @property {number} maxBatchBytes
  * @property {string} adminToken
  * @property {object} storage
  * @property {string | null} [data] the data directory, if any
@@ -94,6 +95,7 @@ export class Relay extends EventEmitter {
     this.relay = info.relay;
     this.network = info.network;
     this.maxRequestBytes = info.maxRequestBytes;
+    this.maxBatchBytes = info.maxBatchBytes;
     this.adminToken = info.adminToken;
     this.storage = info.storage;
     this.data = info.data ?? null;
@@ -508,6 +510,7 @@ export async function createRelay(opts) {
     relay: opts.relay,
     network,
     maxRequestBytes: maxRequestBytes(opts.policies),
+    maxBatchBytes: maxBatchBytes(opts.policies),
     adminToken: b64u(admin),
     storage,
     data: opts.data ?? null,

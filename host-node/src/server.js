@@ -14,7 +14,7 @@ import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
 import { Log, messageOf } from './log.js';
-import { busyAnswer, healthAnswer, healthCheck, metricsType, notReady, refused, requestHeaders, transportMetricsText, uncommitted } from './core.js';
+import { batchPath, busyAnswer, healthAnswer, healthCheck, metricsType, notReady, refused, requestHeaders, transportMetricsText, uncommitted } from './core.js';
 import { limitsOf } from './limits.js';
 import { EMPTY, baseUrl, listen, parseAddr, peerOf, readBody, refuse, requestOf, sendText, urlOf, write } from './http.js';
 import { Sockets } from './sockets.js';
@@ -117,6 +117,7 @@ export async function serve(relay, opts = {}) {
   const tlsKey = opts.tlsKey ?? carried.tlsKey;
   if (Boolean(tlsCert) !== Boolean(tlsKey)) throw new Error('TLS needs both a certificate (tlsCert) and its key (tlsKey)');
   const maxBytes = front.maxRequestBytes;
+  const [batchAt, maxBatchBytes] = [batchPath(), front.maxBatchBytes ?? maxBytes];
   /** The transports' counts: open connections and WebSockets, refusals at accept, busy answers, dropped sockets. */
   const metrics = { connections: 0, websockets: 0, refused: { limit: 0, perIp: 0 }, busy: 0, dropped: 0 };
   let shuttingDown = false;
@@ -148,10 +149,11 @@ export async function serve(relay, opts = {}) {
     }
   };
 
-  /** Reads the body of a POST (others have none); null when it was refused. */
-  const bodyOf = async (req, res) => {
+  /** Reads the body of a POST (others have none) within its path's limit; null when it was refused. @param {string} pathname */
+  const bodyOf = async (req, res, pathname) => {
     if (req.method !== 'POST') return EMPTY;
-    const body = await readBody(req, res, maxBytes, limits.bodyTimeout);
+    const limit = pathname === batchAt ? maxBatchBytes : maxBytes;
+    const body = await readBody(req, res, limit, limits.bodyTimeout);
     return body === null ? null : new Uint8Array(body.buffer, body.byteOffset, body.length);
   };
 
@@ -161,7 +163,7 @@ export async function serve(relay, opts = {}) {
       const url = urlOf(req.url);
       if (!url) return refuse(req, res, refused('unreadable_target'));
       if (await health(req, res, url.pathname)) return undefined;
-      const body = await bodyOf(req, res);
+      const body = await bodyOf(req, res, url.pathname);
       if (body === null) return undefined;
       const r = await work(() => front.handle(requestOf(req, url, body, false, names)));
       if (r === null) return write(res, busyAnswer());
@@ -187,7 +189,7 @@ export async function serve(relay, opts = {}) {
         const text = (await front.metricsText()) + transportMetricsText(metrics);
         return sendText(res, 200, text, metricsType());
       }
-      const body = await bodyOf(req, res);
+      const body = await bodyOf(req, res, url.pathname);
       if (body === null) return undefined;
       const r = await front.handle(requestOf(req, url, body, true, names));
       return write(res, r);

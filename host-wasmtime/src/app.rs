@@ -28,6 +28,8 @@ pub struct App {
     /// picks serves a request, and each core's events are executed for that core.
     pub shards: Vec<ShardCore>,
     pub max_request_bytes: usize,
+    /// The relay's policies: the core's body limit of each path (`Policies::body_limit`).
+    pub policies: relay_core::engine::Policies,
     /// The transports' limits.
     pub limits: settings::Limits,
     /// Requests in the core or waiting for it (at most `limits.max_pending`).
@@ -340,6 +342,7 @@ pub async fn start_with(
     let app = Arc::new(App {
         shards,
         max_request_bytes: settings.policies.max_request_bytes as usize,
+        policies: settings.policies.clone(),
         limits: settings.limits,
         pending: Arc::new(AtomicUsize::new(0)),
         admin_token,

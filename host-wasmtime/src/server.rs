@@ -126,11 +126,17 @@ fn write_response(
 
 /// Reads a request body, refusing one over the limit before any of it is parsed.
 ///
-/// A declared length over `max_request_bytes`, or a count that passes it while reading
-/// (chunked too), is refused at once, the rest unread; so is a body not read whole within
-/// `--body-timeout`, or one that cannot be read. The core spells each answer.
-async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, Response> {
-    let limit = app.max_request_bytes;
+/// A declared length over the path's limit (`max_request_bytes`; `max_batch_bytes` for
+/// relay RPC in batches), or a count that passes it while reading (chunked too), is refused
+/// at once, the rest unread; so is a body not read whole within `--body-timeout`, or one
+/// that cannot be read. The core spells each answer.
+async fn read_body(
+    app: &App,
+    path: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Vec<u8>, Response> {
+    let limit = app.policies.body_limit(path) as usize;
     let refused = |r| native_response(transport::Response::refused(r));
     let too_large = transport::Refusal::TooLarge {
         limit: limit as u64,
@@ -217,7 +223,7 @@ async fn serve(
     } else {
         None
     };
-    let body = match read_body(&app, &parts.headers, body).await {
+    let body = match read_body(&app, &path, &parts.headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };

@@ -94,6 +94,10 @@ pub struct Engine {
     pub max_in_flight_per_destination: Option<u32>,
 }
 
+/// The edge host's default `max_in_flight_per_destination`: Cloudflare's six simultaneous
+/// outbound connections of a Worker invocation.
+pub(crate) const EDGE_MAX_IN_FLIGHT: u32 = 6;
+
 impl Default for Settings {
     fn default() -> Settings {
         Settings::of(Host::Wasmtime)
@@ -117,7 +121,15 @@ impl Settings {
             policies: Policies::default(),
             policy: BTreeMap::new(),
             component: None,
-            engine: Engine::default(),
+            engine: match host {
+                // A Worker holds at most six outbound connections open at once: each attempt
+                // in flight to a destination is one of them (batches carry the rest).
+                Host::Edge => Engine {
+                    max_in_flight_per_destination: Some(EDGE_MAX_IN_FLIGHT),
+                    ..Engine::default()
+                },
+                Host::Wasmtime | Host::Node => Engine::default(),
+            },
             limits: Limits::default(),
             tls_cert: None,
             tls_key: None,

@@ -522,3 +522,21 @@ fn relayctl_admin_takes_the_same_operator_calls_under_its_own_name() {
         "{e}"
     );
 }
+
+#[test]
+fn the_edge_keeps_within_six_outbound_connections_per_destination_by_default() {
+    let edge = serve(Host::Edge, &[]).unwrap();
+    assert_eq!(edge.engine.max_in_flight_per_destination, Some(6));
+    let edge = serve(Host::Edge, &["--max-in-flight-per-destination", "3"]).unwrap();
+    assert_eq!(edge.engine.max_in_flight_per_destination, Some(3));
+    for host in [Host::Wasmtime, Host::Node] {
+        // The core's own default (16) applies.
+        assert_eq!(
+            serve(host, &[])
+                .unwrap()
+                .engine
+                .max_in_flight_per_destination,
+            None
+        );
+    }
+}

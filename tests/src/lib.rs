@@ -93,6 +93,8 @@ pub struct InFlight {
     pub shard: Option<u32>,
     /// The recipient's route revision a delivery targets (`Relay-Route-Revision`).
     pub route_revision: Option<u64>,
+    /// A batch's other deliveries after `task`, as (task, attempt).
+    pub riders: Vec<(String, u32)>,
 }
 
 /// What a test asks of a message it builds.
@@ -230,6 +232,7 @@ impl World {
                     body,
                     shard,
                     route_revision,
+                    riders,
                 } => self.outbox.push(InFlight {
                     source: n,
                     task,
@@ -239,6 +242,7 @@ impl World {
                     body,
                     shard,
                     route_revision,
+                    riders,
                 }),
                 Effect::WakeAt(t) => self.nodes[n].wake = Some(t),
                 Effect::Notify {

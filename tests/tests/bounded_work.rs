@@ -158,8 +158,10 @@ fn a_backlog_of_ten_thousand_large_tasks_meets_a_destination_that_comes_back_in_
     w.call(a, &caller, "route.publish", &p).result.unwrap();
     let written = changed_keys(&before, &w.nodes[a].store.snapshot());
     let batch = w.nodes[a].config.revive_batch;
+    // Each task brought forward costs six writes (its outage entry, its due entry moved,
+    // its retry entry moved, its record): a bound of the batch, not of the backlog.
     assert!(
-        written <= 3 * batch + 8,
+        written <= 6 * batch + 8,
         "route.publish rewrote {written} keys for a batch of {batch}"
     );
     drop(before);

@@ -1513,6 +1513,136 @@ fn home_span_replay(ka: Kind, kb: Kind) {
 
 every_pair!(home_span_replay);
 
+/// protocol.md §6 "Relay RPC in batches", between two relays of these hosts. A's one slot
+/// to B is held (the proxy delays the first attempt), so three more deliveries to one
+/// recipient park and leave together in one `message.deliver.batch`; B answers each item as
+/// `message.deliver` would (two accepted, one refused by B's own age limit), the answer is
+/// lost, and the items sent again are recognized: each message is accepted once, and the
+/// refused one fails with B's code.
+fn batches_answer_each_item(ka: Kind, kb: Kind) {
+    let one_slot = Opts {
+        flags: vec!["--max-in-flight-per-destination".into(), "1".into()],
+        ..Opts::default()
+    };
+    let a = proxied(ka, one_slot);
+    let b = proxied(
+        kb,
+        Opts::default().policy("message_delivery_age_limit", 60_000),
+    );
+    let mut c = Client::new(47);
+    let bob = c.register(&a.relay, true);
+    let alice = c.register(&b.relay, true);
+    c.publish(&a.relay, &alice);
+    b.proxy.script(&[Fault::Delay(900), Fault::DropResponse]);
+    let first = c.message(&bob, &alice, "holds the slot", &Msg::default());
+    let (s, v) = c.send(&bob, &first);
+    assert_eq!((s, status_of(&v).as_str()), (200, "delivering"), "{v:?}");
+    let stale = Msg {
+        created_offset: -120_000,
+        ..Msg::default()
+    };
+    let waiting: Vec<Object> = (0..3)
+        .map(|i| {
+            let m = if i == 1 {
+                stale.clone()
+            } else {
+                Msg::default()
+            };
+            let p = c.message(&bob, &alice, &format!("waits {i}"), &m);
+            let (s, v) = c.send(&bob, &p);
+            assert_eq!((s, status_of(&v).as_str()), (200, "delivering"), "{v:?}");
+            p
+        })
+        .collect();
+    let ids: Vec<String> = waiting.iter().map(message_id).collect();
+    for id in std::iter::once(message_id(&first)).chain(ids.iter().cloned()) {
+        c.wait_terminal(&bob, &id, WAIT);
+    }
+    let batches = b.proxy.hits_on("/relay/v1/message.deliver.batch");
+    assert!(
+        !batches.is_empty(),
+        "no batch reached B: {:?}",
+        b.proxy.log()
+    );
+    let first_batch = &batches[0];
+    assert_eq!(first_batch.fault, Fault::DropResponse, "{batches:?}");
+    assert_eq!(
+        first_batch.route_revision, None,
+        "a batch carries no Relay-Route-Revision"
+    );
+    let body = relay_core::wire::json::parse(&first_batch.body).expect("a JSON body");
+    let items = match field(&body, "items") {
+        Some(Value::Array(items)) => items.clone(),
+        other => panic!("not a batch body: {other:?}"),
+    };
+    let carried: Vec<String> = items
+        .iter()
+        .map(|i| {
+            let env = field(i, "params").and_then(|p| field(p, "envelope"));
+            env.map(|e| str_of(e, "message_id")).unwrap_or_default()
+        })
+        .collect();
+    let mut sorted = carried.clone();
+    sorted.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(sorted, want, "the three that waited, in one exchange");
+    // Each answered on its own: the stale one refused by B, the others accepted once.
+    for (i, id) in ids.iter().enumerate() {
+        let (_, st) = c.status(&bob, id);
+        if i == 1 {
+            assert_eq!(
+                (status_of(&st).as_str(), code_of(&st).as_str()),
+                ("failed", "message_expired"),
+                "{st:?}"
+            );
+            assert!(received(&c, &alice, id).is_empty());
+        } else {
+            assert_eq!(status_of(&st), "target_accepted", "{st:?}");
+            assert_eq!(received(&c, &alice, id).len(), 1, "accepted once");
+        }
+    }
+    // Sent again after the lost answer, whether alone or in a batch, and recognized.
+    let again: usize = b
+        .proxy
+        .log()
+        .iter()
+        .filter(|h| h.at > first_batch.at && h.path.starts_with("/relay/v1/message.deliver"))
+        .count();
+    assert!(again >= 1, "the items were sent again: {:?}", b.proxy.log());
+    assert_eq!(received(&c, &alice, &message_id(&first)).len(), 1);
+}
+
+every_pair!(batches_answer_each_item);
+
+/// The body limit of relay RPC in batches is `max_batch_bytes` (1 MiB), not
+/// `max_request_bytes` (256 KiB): a host reads a 300 KB batch whole (and the core refuses it
+/// for want of relay authentication), and refuses a 1.1 MB one before reading it.
+fn a_batch_has_its_own_body_limit(k: Kind) {
+    let r = Relay::start(k, Opts::default());
+    let c = Client::new(48);
+    let url = format!("{}/relay/v1/message.deliver.batch", r.api());
+    let body = |n: usize| format!(r#"{{"items":[],"pad":"{}"}}"#, "x".repeat(n)).into_bytes();
+    let (s, v) = c.http.post(&url, None, &body(300_000));
+    assert_eq!((s, code_of(&v).as_str()), (401, "unauthenticated"), "{v:?}");
+    let (s, v) = c.http.post(&url, None, &body(1_100_000));
+    assert_eq!(
+        (s, code_of(&v).as_str()),
+        (413, "payload_too_large"),
+        "{v:?}"
+    );
+    // Every other path keeps max_request_bytes.
+    let url = format!("{}/relay/v1/message.deliver", r.api());
+    let (s, v) = c.http.post(&url, None, &body(300_000));
+    assert_eq!(
+        (s, code_of(&v).as_str()),
+        (413, "payload_too_large"),
+        "{v:?}"
+    );
+}
+
+every_host!(a_batch_has_its_own_body_limit);
+
 /// Seed, "The source's responsibility ... survives relay restarts": both relays killed
 /// (SIGKILL) while a delivery is pending; started again over their SQLite data, the source
 /// finishes it, once.

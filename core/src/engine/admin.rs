@@ -413,10 +413,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 .max_in_flight_per_destination
                 .saturating_sub(peer.in_flight);
             for _ in 0..free {
-                if !self.launch_parked(dest)? {
-                    break;
+                match self.launch_parked(dest)? {
+                    Some(n) => started += n,
+                    None => break,
                 }
-                started += 1;
             }
         }
         // It holds (or releases) every delivery still pending for the destination.

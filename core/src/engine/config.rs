@@ -3,6 +3,14 @@
 use crate::wire::identity::RelayId;
 use serde::{Deserialize, Serialize};
 
+/// The protocol's default `max_batch`: a source's batches never carry more items, whatever
+/// its own policy, since a destination's may be no larger (docs/protocol.md "Batches").
+pub const MAX_BATCH: u64 = 64;
+/// The protocol's default `max_batch_bytes`, likewise the most a source's batch body holds.
+pub const MAX_BATCH_BYTES: u64 = 1_048_576;
+/// The path of relay RPC in batches.
+pub const BATCH_PATH: &str = "/relay/v1/message.deliver.batch";
+
 /// Policies published in `/.well-known/relay`; durations in milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -46,6 +54,10 @@ pub struct Policies {
     pub max_device_records: u64,
     /// Bytes of entries in one sync page, at most (a page always carries at least one entry).
     pub max_sync_bytes: u64,
+    /// Items in one `message.deliver.batch`, at most (taken and sent).
+    pub max_batch: u64,
+    /// Bytes of one `message.deliver.batch` body, at most (taken and sent).
+    pub max_batch_bytes: u64,
 }
 
 impl Default for Policies {
@@ -69,6 +81,8 @@ impl Default for Policies {
             max_accounts: 1_000_000,
             max_device_records: 256,
             max_sync_bytes: 1_048_576,
+            max_batch: MAX_BATCH,
+            max_batch_bytes: MAX_BATCH_BYTES,
         }
     }
 }
@@ -83,6 +97,37 @@ impl Policies {
                 format!("request body of {len} bytes exceeds max_request_bytes {limit}"),
             )
         })
+    }
+
+    /// Why a `message.deliver.batch` body of `len` bytes is refused before it is parsed.
+    pub fn batch_too_large(&self, len: usize) -> Option<crate::Error> {
+        let limit = self.max_batch_bytes;
+        (len as u64 > limit).then(|| {
+            crate::Error::new(
+                crate::ErrorCode::PayloadTooLarge,
+                format!("batch body of {len} bytes exceeds max_batch_bytes {limit}"),
+            )
+        })
+    }
+
+    /// The largest body a host reads for `path` before handing it over: `max_batch_bytes`
+    /// for `message.deliver.batch`, `max_request_bytes` for every other request.
+    pub fn body_limit(&self, path: &str) -> u64 {
+        if path == BATCH_PATH {
+            self.max_batch_bytes.max(self.max_request_bytes)
+        } else {
+            self.max_request_bytes
+        }
+    }
+
+    /// Why a body of `len` bytes to `path` is refused before it is parsed: over its
+    /// [`Policies::body_limit`].
+    pub fn body_too_large(&self, path: &str, len: usize) -> Option<crate::Error> {
+        if path == BATCH_PATH {
+            self.batch_too_large(len)
+        } else {
+            self.too_large(len)
+        }
     }
 
     /// Sets one policy by its protocol name (`--policy NAME=VALUE`).
@@ -106,6 +151,8 @@ impl Policies {
             "max_accounts" => &mut self.max_accounts,
             "max_device_records" => &mut self.max_device_records,
             "max_sync_bytes" => &mut self.max_sync_bytes,
+            "max_batch" => &mut self.max_batch,
+            "max_batch_bytes" => &mut self.max_batch_bytes,
             _ => return Err(format!("unknown policy {name:?}")),
         };
         *slot = value;

@@ -148,6 +148,12 @@ impl<'a, S: Storage, E: Entropy> Ctx<'a, S, E> {
             M::ContactRevoke => self.contact_revoke(caller, p),
             M::MessageSend => self.message_send(caller, p),
             M::MessageDeliver => self.message_deliver(caller, p),
+            // Each item is an operation of its own: `Engine::call_with` runs them, never
+            // inside one transaction.
+            M::MessageDeliverBatch => Err(Error::new(
+                ErrorCode::Internal,
+                "message.deliver.batch runs item by item, outside any one operation",
+            )),
             M::DeliveryStatus => self.delivery_status(caller, p),
             M::TimelineSync => self.timeline_sync(caller, p),
             M::AdminDeliveries => self.admin_deliveries(p),

@@ -19,12 +19,15 @@ use super::receive::Incoming;
 use super::records::{ErrorRec, SendRec, TaskRec, TaskState};
 use super::status::{accepted_at_if_target_accepted, Status};
 use super::storage::Storage;
-use super::{Effect, Entropy, Outcome, PeerMethod};
+use super::{batch, Effect, Entropy, Outcome, PeerMethod};
 use crate::wire::canonical;
 use crate::wire::field::Fields;
 use crate::wire::json::{self, Object, Value};
 use crate::wire::route::Route;
 use crate::{Error, ErrorCode};
+
+/// One attempt of a task: its id and attempt number (a batch's items, by the reporter).
+type Attempt = (String, u32);
 
 /// How the source reacts to a destination's error code (protocol.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,6 +172,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             t.next_at = t.deadline;
             self.txn
                 .put_raw(k::parked(&target, t.park_order, id), Vec::new());
+            self.txn
+                .put_raw(k::parked_for(&target, &t.to, t.park_order, id), Vec::new());
             self.save_peer(&target, &peer);
             self.reindex(id, old, &t);
             self.save_task(id, &t);
@@ -183,21 +188,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .now
             .saturating_add(self.cfg.attempt_timeout)
             .min(t.deadline);
-        let (method, body, route_revision) = if t.want_route_get {
-            let mut o = Object::new();
-            o.insert("account", t.to.as_str());
-            (
-                PeerMethod::RouteGet,
-                canonical::to_vec(&Value::Object(o)),
-                None,
-            )
-        } else {
-            (
-                PeerMethod::Deliver,
-                t.body.as_bytes().to_vec(),
-                Some(t.route_revision),
-            )
-        };
+        t.carries = Vec::new();
+        t.rides = None;
         let target_id = crate::wire::identity::RelayId::parse(&target).map_err(|e| {
             Error::new(
                 ErrorCode::Internal,
@@ -208,18 +200,166 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         let shard = (target_id == self.cfg.relay)
             .then(|| self.cfg.shard.sibling_of(&t.to))
             .flatten();
+        let mut reporter = (id.to_string(), t.attempt);
+        let mut carries = Vec::new();
+        let (method, body, route_revision) = if t.want_route_get {
+            let mut o = Object::new();
+            o.insert("account", t.to.as_str());
+            (
+                PeerMethod::RouteGet,
+                canonical::to_vec(&Value::Object(o)),
+                None,
+            )
+        } else {
+            let riders = match shard {
+                None => self.board_riders(id, &t)?,
+                Some(_) => Vec::new(),
+            };
+            if riders.is_empty() {
+                (
+                    PeerMethod::Deliver,
+                    t.body.as_bytes().to_vec(),
+                    Some(t.route_revision),
+                )
+            } else {
+                let (who, body, carried) = self.form_batch(id, &mut t, riders);
+                reporter = who;
+                carries = carried;
+                (PeerMethod::DeliverBatch, body, None)
+            }
+        };
         self.effects.push(Effect::Send {
-            task: id.to_string(),
-            attempt: t.attempt,
+            task: reporter.0,
+            attempt: reporter.1,
             target: target_id,
             method,
             body,
             shard,
             route_revision,
+            riders: carries,
         });
         self.reindex(id, old, &t);
         self.save_task(id, &t);
         Ok(())
+    }
+
+    /// Rule 8 of [`batch`]: the item whose attempt times out last reports the exchange and
+    /// holds its slot (`launched` on a tie), so the exchange's answer finds its reporter still
+    /// waiting whenever an item is. The reporter goes first in the body, and its record
+    /// lists the others in body order; the rest ride with it. The reporter, the body, and
+    /// the others as (task, attempt).
+    fn form_batch(
+        &mut self,
+        launched: &str,
+        t: &mut TaskRec,
+        mut riders: Vec<(String, TaskRec)>,
+    ) -> (Attempt, Vec<u8>, Vec<Attempt>) {
+        let later = riders
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, r))| r.next_at > t.next_at)
+            .max_by_key(|(_, (_, r))| r.next_at)
+            .map(|(i, _)| i);
+        let Some(i) = later else {
+            let body = batch::body(
+                std::iter::once((t.body.as_bytes(), t.route_revision)).chain(
+                    riders
+                        .iter()
+                        .map(|(_, r)| (r.body.as_bytes(), r.route_revision)),
+                ),
+            );
+            t.carries = riders
+                .into_iter()
+                .map(|(rid, r)| (rid, r.attempt))
+                .collect();
+            return ((launched.to_string(), t.attempt), body, t.carries.clone());
+        };
+        let (rid, mut r) = riders.remove(i);
+        let body = batch::body(
+            [
+                (r.body.as_bytes(), r.route_revision),
+                (t.body.as_bytes(), t.route_revision),
+            ]
+            .into_iter()
+            .chain(
+                riders
+                    .iter()
+                    .map(|(_, o)| (o.body.as_bytes(), o.route_revision)),
+            ),
+        );
+        t.rides = Some(rid.clone());
+        for (oid, o) in &mut riders {
+            o.rides = Some(rid.clone());
+            self.save_task(oid, o);
+        }
+        r.rides = None;
+        r.carries = std::iter::once((launched.to_string(), t.attempt))
+            .chain(riders.into_iter().map(|(oid, o)| (oid, o.attempt)))
+            .collect();
+        self.save_task(&rid, &r);
+        let carried = r.carries.clone();
+        ((rid, r.attempt), body, carried)
+    }
+
+    /// Rule 6 of [`batch`]: the deliveries parked for the same destination and recipient
+    /// as `lead` (which just took a free slot) that ride with it, within the batch budget,
+    /// oldest first. Each is in flight from now, under `lead`'s slot and timeout.
+    fn board_riders(&mut self, lead: &str, t: &TaskRec) -> Result<Vec<(String, TaskRec)>, Error> {
+        let p = &self.cfg.policies;
+        let (max_items, max_bytes) = batch::budget(p.max_batch, p.max_batch_bytes);
+        if max_items < 2 {
+            return Ok(Vec::new());
+        }
+        let prefix = k::parked_for_prefix(&t.target, &t.to);
+        let rows = self
+            .txn
+            .scan(&prefix, &k::prefix_end(&prefix), max_items - 1)?;
+        let mut bytes = batch::frame_cost() + batch::item_cost(t.body.as_bytes().len());
+        let mut riders = Vec::new();
+        for (key, _) in rows {
+            let Some((order, rid)) = k::parked_for_task(&key, &t.target, &t.to) else {
+                self.txn.delete(key);
+                continue;
+            };
+            let rid = rid.to_string();
+            if rid == lead {
+                continue;
+            }
+            let Some(mut r) = self.task_or_skip(&rid)? else {
+                continue;
+            };
+            if r.state != TaskState::Parked || r.park_order != order || r.target != t.target {
+                // A stale entry: the task left the queue another way.
+                self.txn.delete(key);
+                continue;
+            }
+            if r.want_route_get || self.now >= r.deadline {
+                // A route.get goes alone; the tick ends one past its deadline.
+                continue;
+            }
+            let cost = batch::item_cost(r.body.as_bytes().len());
+            if bytes + cost > max_bytes {
+                break;
+            }
+            bytes += cost;
+            self.txn.delete(key);
+            self.txn.delete(k::parked(&r.target, r.park_order, &rid));
+            let old = self.slot(&r);
+            r.attempt += 1;
+            r.sent_at = self.now;
+            r.state = TaskState::InFlight;
+            // Its own attempt timeout, bounded by its own deadline, as if it went alone.
+            r.next_at = self
+                .now
+                .saturating_add(self.cfg.attempt_timeout)
+                .min(r.deadline);
+            r.carries = Vec::new();
+            r.rides = Some(lead.to_string());
+            self.reindex(&rid, old, &r);
+            self.save_task(&rid, &r);
+            riders.push((rid, r));
+        }
+        Ok(riders)
     }
 
     /// Local delivery: the receiving rules run here, as the delivery's step.
@@ -460,13 +600,35 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
     }
 
-    /// Handles the outcome of attempt `attempt` of `task`; stale or duplicate outcomes change nothing.
+    /// Handles the outcome of attempt `attempt` of `task` (of every item of the batch it
+    /// leads, rule 7 of [`batch`]); stale or duplicate outcomes change nothing.
     pub(crate) fn outcome(
         &mut self,
         id: &str,
         attempt: u32,
         outcome: Outcome,
     ) -> Result<(), Error> {
+        let Some(t) = self.txn.get::<TaskRec>(&k::task(id))? else {
+            return Ok(());
+        };
+        if t.state != TaskState::InFlight || t.attempt != attempt {
+            return Ok(());
+        }
+        if t.carries.is_empty() {
+            return self.item_outcome(id, attempt, outcome);
+        }
+        let items: Vec<(String, u32)> = std::iter::once((id.to_string(), attempt))
+            .chain(t.carries.iter().cloned())
+            .collect();
+        let outcomes = batch::split(outcome, items.len());
+        for ((tid, at), o) in items.into_iter().zip(outcomes) {
+            self.item_outcome(&tid, at, o)?;
+        }
+        Ok(())
+    }
+
+    /// The outcome of one delivery's attempt (alone, or an item of a batch).
+    fn item_outcome(&mut self, id: &str, attempt: u32, outcome: Outcome) -> Result<(), Error> {
         let Some(mut t) = self.txn.get::<TaskRec>(&k::task(id))? else {
             return Ok(());
         };
@@ -481,7 +643,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             Outcome::NotAttempted => "not_attempted",
         };
         Counters::bump(&mut self.counts.attempts, label);
-        self.release_slot(&target)?;
+        t.carries = Vec::new();
+        if t.rides.take().is_none() {
+            self.release_slot(&target)?;
+        }
         // The slot release may have launched another task; reload ours untouched.
         let was_route_get = t.want_route_get;
         match outcome {

@@ -2,11 +2,16 @@
 
 use crate::wire::identity::RelayId;
 
+/// `message.deliver`'s wire name.
+pub const DELIVER: &str = "message.deliver";
+
 /// A relay method the engine asks the host to call on another relay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerMethod {
     /// `message.deliver` with the stored params.
     Deliver,
+    /// `message.deliver.batch`: the stored params of several deliveries to one destination.
+    DeliverBatch,
     /// `route.get` for the recipient, after a route error without `data.route`.
     RouteGet,
 }
@@ -15,7 +20,8 @@ impl PeerMethod {
     /// The method name on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
-            PeerMethod::Deliver => "message.deliver",
+            PeerMethod::Deliver => DELIVER,
+            PeerMethod::DeliverBatch => super::batch::METHOD,
             PeerMethod::RouteGet => "route.get",
         }
     }
@@ -41,6 +47,9 @@ pub enum Effect {
         /// For a delivery: the revision of the recipient's route it targets, signed in the
         /// request as `Relay-Route-Revision` (protocol.md "Home relay changes", rule 6).
         route_revision: Option<u64>,
+        /// For a batch: the other deliveries it carries after `task`, as (task, attempt).
+        /// Reporting this effect's outcome reports theirs; a host needs nothing of them.
+        riders: Vec<(String, u32)>,
     },
     /// Call `Engine::tick` at (or after) this time; replaces any earlier wake-up request.
     WakeAt(u64),

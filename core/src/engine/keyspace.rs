@@ -198,6 +198,31 @@ pub(crate) fn parked_task<'k>(key: &'k [u8], relay: &str) -> Option<&'k str> {
 pub(crate) fn parked_at(relay: &str) -> Vec<u8> {
     key(&[b"park/", relay.as_bytes(), b"\n"])
 }
+/// A parked task of `relay` for recipient `to`, in the same order as its [`parked`] entry:
+/// what may ride behind another delivery to `to` in one batch.
+pub(crate) fn parked_for(relay: &str, to: &str, order: u64, task: &str) -> Vec<u8> {
+    key(&[
+        b"parkto/",
+        relay.as_bytes(),
+        b"\n",
+        to.as_bytes(),
+        b"\n",
+        &pad(order),
+        b"/",
+        task.as_bytes(),
+    ])
+}
+/// The prefix of [`parked_for`] keys of `relay` and `to`.
+pub(crate) fn parked_for_prefix(relay: &str, to: &str) -> Vec<u8> {
+    key(&[b"parkto/", relay.as_bytes(), b"\n", to.as_bytes(), b"\n"])
+}
+/// The order and task of a [`parked_for`] key of `relay` and `to`.
+pub(crate) fn parked_for_task<'k>(key: &'k [u8], relay: &str, to: &str) -> Option<(u64, &'k str)> {
+    let r = key.strip_prefix(parked_for_prefix(relay, to).as_slice())?;
+    let (digits, r) = r.split_at_checked(20)?;
+    let order = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some((order, std::str::from_utf8(r.strip_prefix(b"/")?).ok()?))
+}
 /// A task of `relay` waiting for its retry at `at` (for the destination's next attempt).
 pub(crate) fn retry_at(relay: &str, at: u64, task: &str) -> Vec<u8> {
     key(&[

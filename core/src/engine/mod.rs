@@ -9,6 +9,7 @@
 
 mod accounts;
 pub mod admin;
+pub mod batch;
 pub mod config;
 mod context;
 mod delivery;
@@ -382,6 +383,21 @@ impl<S: Storage, E: Entropy> Engine<S, E> {
         params: impl FnOnce() -> Result<Object, Error>,
         now: u64,
     ) -> Response {
+        if method == batch::METHOD {
+            // Judged whole against its own limit, then item by item, each its own operation.
+            let p = self
+                .config
+                .policies
+                .batch_too_large(len)
+                .map_or_else(params, Err);
+            return match p {
+                Ok(p) => self.deliver_batch(caller, p, now),
+                Err(e) => Response {
+                    result: Err(e),
+                    effects: Vec::new(),
+                },
+            };
+        }
         if let Some(e) = self.too_large(len) {
             return Response {
                 result: Err(e),

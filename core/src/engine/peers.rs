@@ -5,7 +5,7 @@ use super::context::Ctx;
 use super::keyspace as k;
 use super::records::{PeerRec, TaskRec, TaskState};
 use super::storage::Storage;
-use super::Entropy;
+use super::{Effect, Entropy};
 use crate::Error;
 
 impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
@@ -30,9 +30,10 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         Ok(())
     }
 
-    /// Launches the first delivery parked at `relay`, if any (it takes a free slot, or parks
-    /// again); whether there was one.
-    pub(crate) fn launch_parked(&mut self, relay: &str) -> Result<bool, Error> {
+    /// Launches the first delivery parked at `relay`, if any (it takes a free slot, with
+    /// the deliveries that ride with it, or parks again): none when nothing was parked, else
+    /// how many deliveries it started.
+    pub(crate) fn launch_parked(&mut self, relay: &str) -> Result<Option<u64>, Error> {
         let prefix = k::parked_at(relay);
         let Some((key, _)) = self
             .txn
@@ -40,16 +41,27 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             .into_iter()
             .next()
         else {
-            return Ok(false);
+            return Ok(None);
         };
         self.txn.delete(key.clone());
         let id = k::parked_task(&key, relay).unwrap_or("").to_string();
         if let Some(t) = self.task_or_skip(&id)? {
+            self.txn
+                .delete(k::parked_for(relay, &t.to, t.park_order, &id));
             if t.state == TaskState::Parked {
+                let before = self.effects.len();
                 self.launch(&id, t)?;
+                let started = self.effects[before..]
+                    .iter()
+                    .map(|e| match e {
+                        Effect::Send { riders, .. } => 1 + riders.len() as u64,
+                        _ => 0,
+                    })
+                    .sum();
+                return Ok(Some(started));
             }
         }
-        Ok(true)
+        Ok(Some(0))
     }
 
     /// One more (or one fewer) delivery pending at the task's destination, for the operator,

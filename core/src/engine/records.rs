@@ -298,6 +298,13 @@ pub(crate) struct TaskRec {
     /// When the source accepted it (its destination's oldest pending age counts from here).
     #[serde(default)]
     pub accepted_at: u64,
+    /// In flight as the first item of a `message.deliver.batch`: the other items' tasks and
+    /// attempts, which the exchange's answer also reports (this task holds its slot).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub carries: Vec<(String, u32)>,
+    /// In flight as a later item of the batch that this task leads: it holds no slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rides: Option<String>,
 }
 
 /// A destination's health, for scheduling and the operator.

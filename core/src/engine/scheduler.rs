@@ -175,6 +175,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
                 TaskState::Parked => {
                     if self.now >= t.deadline {
                         self.txn.delete(k::parked(&t.target, t.park_order, &id));
+                        self.txn
+                            .delete(k::parked_for(&t.target, &t.to, t.park_order, &id));
                         self.deadline_exceeded(&id, t)?;
                     }
                 }
@@ -191,8 +193,13 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
     fn attempt_lost(&mut self, id: &str, t: TaskRec, counted: &'static str) -> Result<(), Error> {
         Counters::bump(&mut self.counts.attempts, counted);
         let target = t.target.clone();
-        self.release_slot(&target)?;
+        // An item riding in another's batch holds no slot of its own.
+        if t.rides.is_none() {
+            self.release_slot(&target)?;
+        }
         let mut t = self.txn.get::<TaskRec>(&k::task(id))?.unwrap_or(t);
+        t.carries = Vec::new();
+        t.rides = None;
         if self.now >= t.deadline {
             t.last_error = Some("result_unknown".to_string());
             self.deadline_exceeded(id, t)

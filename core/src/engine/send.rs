@@ -351,6 +351,8 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             outage: false,
             sent_at: 0,
             accepted_at: self.now,
+            carries: Vec::new(),
+            rides: None,
         };
         // For local delivery the parsed deliver params go along, so it neither
         // re-parses them nor verifies the envelope again (it just verified).

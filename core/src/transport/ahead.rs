@@ -13,7 +13,7 @@ use super::http::{Request, Response, Route};
 use super::method::Door;
 use crate::engine::{Config, Policies};
 use crate::wire::identity::RelayId;
-use crate::wire::json;
+use crate::wire::json::{self, Value};
 use crate::wire::preverify::Memory;
 use crate::wire::relay_request;
 use crate::ErrorCode;
@@ -69,7 +69,7 @@ impl Ahead {
             Route::WellKnown | Route::Upgrade => return go,
         };
         // The order is the core's (`Relay::handle`): the size, then the strict parse.
-        if let Some(e) = self.policies.too_large(req.body.len()) {
+        if let Some(e) = self.policies.body_too_large(&req.path, req.body.len()) {
             return Verdict::Answer(Response::error(&e));
         }
         let params = match json::parse_object(&req.body) {
@@ -92,7 +92,7 @@ impl Ahead {
             // Only a request whose headers pass the core's cheap checks (their forms, the
             // source's scheme, the clock) costs a verification here: a flood of stale or
             // malformed ones costs nothing.
-            (Door::Relay, "message.deliver") => {
+            (Door::Relay, "message.deliver" | "message.deliver.batch") => {
                 let checked = req.relay_headers().is_some_and(|h| {
                     relay_request::precheck(
                         &h,
@@ -105,8 +105,19 @@ impl Ahead {
                     )
                     .is_ok()
                 });
-                if checked {
+                if checked && name == "message.deliver" {
                     memory.deliver(&params);
+                } else if checked {
+                    // A batch: each item's envelope, as a deliver of its own would be.
+                    if let Some(Value::Array(items)) = params.get("items") {
+                        for item in items.iter().take(self.policies.max_batch as usize) {
+                            if let Some(Value::Object(p)) =
+                                item.as_object().and_then(|i| i.get("params"))
+                            {
+                                memory.deliver(p);
+                            }
+                        }
+                    }
                 }
                 go
             }

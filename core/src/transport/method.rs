@@ -28,6 +28,8 @@ pub enum Method {
     MessageSend,
     /// `message.deliver`
     MessageDeliver,
+    /// `message.deliver.batch`: relay RPC in batches, each item a `message.deliver`.
+    MessageDeliverBatch,
     /// `message.delivery.status`
     DeliveryStatus,
     /// `message.timeline.sync`
@@ -65,7 +67,7 @@ pub enum Door {
 
 impl Method {
     /// Every method, in the engine's dispatch order.
-    pub const ALL: [Method; 22] = [
+    pub const ALL: [Method; 23] = [
         Method::SessionOpen,
         Method::AccountRegister,
         Method::AccountUpdate,
@@ -77,6 +79,7 @@ impl Method {
         Method::ContactRevoke,
         Method::MessageSend,
         Method::MessageDeliver,
+        Method::MessageDeliverBatch,
         Method::DeliveryStatus,
         Method::TimelineSync,
         Method::AdminDeliveries,
@@ -104,6 +107,7 @@ impl Method {
             Method::ContactRevoke => "contact.revoke",
             Method::MessageSend => "message.send",
             Method::MessageDeliver => "message.deliver",
+            Method::MessageDeliverBatch => "message.deliver.batch",
             Method::DeliveryStatus => "message.delivery.status",
             Method::TimelineSync => "message.timeline.sync",
             Method::AdminDeliveries => "admin.deliveries",
@@ -133,6 +137,7 @@ impl Method {
             Door::Relay => matches!(
                 self,
                 Method::MessageDeliver
+                    | Method::MessageDeliverBatch
                     | Method::RouteGet
                     | Method::RoutePublish
                     | Method::DeviceList
@@ -196,7 +201,8 @@ mod tests {
                 "device.list",
                 "route.get",
                 "route.publish",
-                "message.deliver"
+                "message.deliver",
+                "message.deliver.batch"
             ]
         );
         assert!(Method::through("admin.deliveries", Door::Client).is_err());

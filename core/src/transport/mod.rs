@@ -309,7 +309,8 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                 )))
             }
         };
-        let params = match self.params(&req.body) {
+        // A batch of deliveries has a limit of its own (`max_batch_bytes`).
+        let params = match self.params_within(&req.path, &req.body) {
             Ok(p) => p,
             Err(r) => return Flow::Done(Step::Respond(r)),
         };
@@ -382,7 +383,13 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
     /// A call's body as its params: judged by the strict parser before anything else looks
     /// at the call, within the size limit first (the call then takes them parsed once).
     fn params(&self, body: &[u8]) -> Result<Object, Response> {
-        if let Some(e) = self.engine.too_large(body.len()) {
+        self.params_within("", body)
+    }
+
+    /// [`Relay::params`] of a request to `path`, within that path's body limit.
+    fn params_within(&self, path: &str, body: &[u8]) -> Result<Object, Response> {
+        let policies = &self.engine.config().policies;
+        if let Some(e) = policies.body_too_large(path, body.len()) {
             return Err(Response::error(&e));
         }
         json::parse_object(body).map_err(|e| Response::error(&e.into()))
@@ -829,6 +836,7 @@ impl<S: Storage, E: Entropy> Relay<S, E> {
                     body,
                     shard,
                     route_revision,
+                    riders: _,
                 } => {
                     let timeout_ms = exchange_timeout(self.engine.config().attempt_timeout);
                     // A sibling shard takes the request through `Relay::sibling`, with no

@@ -63,6 +63,14 @@ fn account_of<'a>(method: &str, p: &'a Object) -> Option<&'a str> {
         "session.open" | "route.get" | "device.list" => p.get("account").and_then(Value::as_str),
         "account.register" | "route.publish" => member(p, "route", "account"),
         "message.deliver" => member(p, "envelope", "to"),
+        // A batch goes to its first item's shard (engine::batch rule 4).
+        "message.deliver.batch" => {
+            let Some(Value::Array(items)) = p.get("items") else {
+                return None;
+            };
+            let first = items.first()?.as_object()?;
+            member(first.get("params")?.as_object()?, "envelope", "to")
+        }
         _ => None,
     }
 }

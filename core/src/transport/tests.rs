@@ -121,6 +121,7 @@ fn relay_request(from: &mut Mem, to: &str, method: PeerMethod, body: &[u8], now:
             body: body.to_vec(),
             shard: None,
             route_revision: (method == PeerMethod::Deliver).then_some(1),
+            riders: Vec::new(),
         }],
         now,
     );
@@ -284,6 +285,7 @@ fn a_sibling_shards_send_is_unsigned_and_runs_as_the_relays_own_call() {
         body: ROUTE_GET.to_vec(),
         shard,
         route_revision: None,
+        riders: Vec::new(),
     };
     // To a sibling: no relay authentication headers (nothing signed, no nonce drawn).
     let events = s0.events(vec![send(Some(1))], T0);
@@ -507,6 +509,7 @@ fn outbound_requests_are_signed_and_replay_exactly() {
                 body: b"{}".to_vec(),
                 shard: None,
                 route_revision: Some(2),
+                riders: Vec::new(),
             }],
             T0,
         )
@@ -721,6 +724,45 @@ fn ahead_verifies_a_deliver_only_when_its_headers_pass_the_cores_cheap_checks() 
         ahead::Verdict::Core { sending: None }
     );
     assert_eq!(memory.waiting(), 1, "verified ahead");
+}
+
+#[cfg(feature = "client")]
+#[test]
+fn ahead_verifies_each_item_of_a_batch_as_it_does_a_deliver() {
+    use crate::client::draft;
+    use crate::wire::preverify::Memory;
+    let memory = std::sync::Arc::new(Memory::default());
+    let (ahead, _) = ahead_of(
+        Config::new(RelayId::parse(A).unwrap(), "dev"),
+        Some(memory.clone()),
+    );
+    let mut b = relay(B, 2);
+    let items: Vec<Value> = (0..3)
+        .map(|i| {
+            let (alice, _, phone, env) = draft::signed_test_envelope(Object::new(), i + 1);
+            let mut params = Object::new();
+            params.insert("envelope", Value::Object(env));
+            params.insert(
+                "device_certificate",
+                Value::Object(draft::certificate("dev", &alice, &phone, &["send"], 1).sign(&alice)),
+            );
+            let mut item = Object::new();
+            item.insert("params", Value::Object(params));
+            item.insert("route_revision", 1u64);
+            Value::Object(item)
+        })
+        .collect();
+    let mut batch = Object::new();
+    batch.insert("items", Value::Array(items));
+    let body = canonical::to_vec(&Value::Object(batch));
+    let to_a = relay_request(&mut b, A, PeerMethod::DeliverBatch, &body, T0);
+    assert_eq!(
+        ahead.request(&to_a, T0 + 600_000),
+        ahead::Verdict::Core { sending: None }
+    );
+    assert_eq!(memory.waiting(), 0, "a stale batch costs no verification");
+    ahead.request(&to_a, T0);
+    assert_eq!(memory.waiting(), 3, "each item verified ahead");
 }
 
 #[cfg(feature = "client")]

@@ -118,7 +118,14 @@ async function readBody(request, limit) {
 
 /** `max_request_bytes` under the configured policies, as every shard's core takes them (read once per isolate). */
 let maxRequestBytes = 0;
-const maxBytes = (env) => (maxRequestBytes ||= RelayCore.maxRequestBytes(JSON.stringify(env.CONFIG?.policies ?? {})));
+let maxBatchBytes = 0;
+/** The path of relay RPC in batches, whose bodies have `max_batch_bytes` instead. */
+const BATCH_PATH = RelayCore.batchPath();
+/** The body limit of a request to `path` (read once per isolate). @param {any} env @param {string} path */
+const maxBytes = (env, path) =>
+  path === BATCH_PATH
+    ? (maxBatchBytes ||= RelayCore.maxBatchBytes(JSON.stringify(env.CONFIG?.policies ?? {})))
+    : (maxRequestBytes ||= RelayCore.maxRequestBytes(JSON.stringify(env.CONFIG?.policies ?? {})));
 
 /** The health checks (the core's answers): `live` here, `ready` from every shard. */
 async function health(env, check, count) {
@@ -170,7 +177,7 @@ export default {
       if (admin && (request.method === 'GET' || request.method === 'HEAD') && url.pathname === '/metrics') return await metrics(env, count);
       let body = EMPTY;
       if (request.method === 'POST') {
-        const b = await readBody(request, maxBytes(env));
+        const b = await readBody(request, maxBytes(env, url.pathname));
         if (b instanceof Response) return b;
         body = b;
       }

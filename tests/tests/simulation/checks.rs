@@ -141,11 +141,45 @@ impl Sim {
 
     /// Feeds an outcome to the source, updating the model if the source still awaits it.
     pub(crate) fn feed(&mut self, req: &InFlight, outcome: Outcome) {
-        self.settle(&req.task, req.source);
+        let items = items_of(req);
+        for item in &items {
+            self.settle(&item.task, item.source);
+        }
         let clock = self.w.clock(req.source);
         // The engine first: a report whose commit failed is lost, and the model stays as it
         // was (the attempt will time out as unknown).
         let applied = self.outcome(req.source, &req.task, req.attempt, outcome.clone());
+        if req.method != PeerMethod::DeliverBatch {
+            return self.learn(req, outcome, applied, clock);
+        }
+        // A batch: what became of it is what became of each item (protocol.md §6).
+        let outcomes = match &outcome {
+            Outcome::Result(body) => match batch_results(body, items.len()) {
+                Some(each) => each,
+                None => vec![Outcome::Unknown; items.len()],
+            },
+            Outcome::Error(_) => {
+                self.stats.batches_refused_whole += 1;
+                vec![outcome.clone(); items.len()]
+            }
+            _ => {
+                self.stats.batches_unknown += 1;
+                vec![outcome.clone(); items.len()]
+            }
+        };
+        for (item, o) in items.iter().zip(outcomes) {
+            if let Outcome::Result(_) = &outcome {
+                match &o {
+                    Outcome::Error(_) => self.stats.batch_items_refused += 1,
+                    _ => self.stats.batch_items_accepted += 1,
+                }
+            }
+            self.learn(item, o, applied, clock);
+        }
+    }
+
+    /// The model learns what became of one delivery's attempt (alone, or a batch's item).
+    fn learn(&mut self, req: &InFlight, outcome: Outcome, applied: bool, clock: u64) {
         let (from, to) = match self.task_msg.get(&req.task) {
             Some(&k) => (
                 self.accts[self.msgs[k].from].id(),
@@ -755,4 +789,49 @@ impl Sim {
             }
         }
     }
+}
+
+/// The deliveries a request carries, each as the model tracks a request: a batch's items
+/// (its lead's task and each rider's) as deliveries of their own, any other request as is.
+pub(crate) fn items_of(req: &InFlight) -> Vec<InFlight> {
+    if req.method != PeerMethod::DeliverBatch {
+        return vec![req.clone()];
+    }
+    std::iter::once((req.task.clone(), req.attempt))
+        .chain(req.riders.iter().cloned())
+        .map(|(task, attempt)| InFlight {
+            source: req.source,
+            task,
+            attempt,
+            target: req.target.clone(),
+            method: PeerMethod::Deliver,
+            body: Vec::new(),
+            shard: req.shard,
+            route_revision: None,
+            riders: Vec::new(),
+        })
+        .collect()
+}
+
+/// Each item's answer in a 200 batch answer, read here as protocol.md §6 states it (a
+/// `results` list of one object per item, an error being `{"error"}`), or none when the
+/// answer is not that.
+fn batch_results(body: &[u8], n: usize) -> Option<Vec<Outcome>> {
+    let v = json::parse(body).ok()?;
+    let Some(Value::Array(list)) = field(&v, "results") else {
+        return None;
+    };
+    if list.len() != n {
+        return None;
+    }
+    list.iter()
+        .map(|item| {
+            let bytes = canonical::to_vec(item);
+            match item {
+                Value::Object(o) if o.get("error").is_some() => Some(Outcome::Error(bytes)),
+                Value::Object(_) => Some(Outcome::Result(bytes)),
+                _ => None,
+            }
+        })
+        .collect()
 }
