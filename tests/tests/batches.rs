@@ -242,27 +242,60 @@ fn a_lone_delivery_goes_at_once_alone_and_what_waits_goes_in_one_batch() {
     assert_eq!(w.record_count(bob.home, &bob), 4);
 }
 
-#[test]
-fn a_batch_lost_in_the_network_is_an_unknown_outcome_for_every_item() {
-    let (mut w, s, alice, bob) = one_slot();
+/// Two deliveries in one batch, in the network: a lone one held the one slot while they
+/// waited, and its answer let them go.
+struct Batched {
+    w: World,
+    source: usize,
+    alice: Account,
+    bob: Account,
+    batch: InFlight,
+    ids: Vec<String>,
+}
+
+fn batch_of_two() -> Batched {
+    let (mut w, source, alice, bob) = one_slot();
     send(&mut w, &alice, &bob);
     let lone = w.take_outbox().remove(0);
-    let ids: Vec<String> = (0..2).map(|_| send(&mut w, &alice, &bob)).collect();
+    let ids = (0..2).map(|_| send(&mut w, &alice, &bob)).collect();
     w.carry(lone);
-    let b = w.take_outbox().remove(0);
-    assert_eq!(b.method, PeerMethod::DeliverBatch);
-    w.outcome(s, &b.task, b.attempt, Outcome::Unknown);
+    let batch = w.take_outbox().remove(0);
+    assert_eq!(batch.method, PeerMethod::DeliverBatch);
+    Batched {
+        w,
+        source,
+        alice,
+        bob,
+        batch,
+        ids,
+    }
+}
+
+/// The DeliveryStatus of `id` at its sender's relay.
+fn status(w: &mut World, from: &Account, id: &str) -> Value {
+    w.status(from, id).result.expect("a status")
+}
+
+#[test]
+fn a_batch_lost_in_the_network_is_an_unknown_outcome_for_every_item() {
+    let Batched {
+        mut w,
+        source,
+        alice,
+        bob,
+        batch,
+        ids,
+    } = batch_of_two();
+    w.outcome(source, &batch.task, batch.attempt, Outcome::Unknown);
     for id in &ids {
-        let r = w.status(&alice, id);
-        assert_eq!(status_of(r.result.as_ref().unwrap()), "delivering", "{id}");
+        assert_eq!(status_of(&status(&mut w, &alice, id)), "delivering", "{id}");
     }
     // Each item is retried at the same target (no switch after an unknown outcome), and
     // delivered once.
     w.run_for(120_000);
     for id in &ids {
-        let r = w.status(&alice, id);
         assert_eq!(
-            status_of(r.result.as_ref().unwrap()),
+            status_of(&status(&mut w, &alice, id)),
             "target_accepted",
             "{id}"
         );
@@ -272,16 +305,18 @@ fn a_batch_lost_in_the_network_is_an_unknown_outcome_for_every_item() {
 
 #[test]
 fn a_batch_refused_whole_is_that_answer_for_every_item() {
-    let (mut w, s, alice, bob) = one_slot();
-    send(&mut w, &alice, &bob);
-    let lone = w.take_outbox().remove(0);
-    let ids: Vec<String> = (0..2).map(|_| send(&mut w, &alice, &bob)).collect();
-    w.carry(lone);
-    let b = w.take_outbox().remove(0);
+    let Batched {
+        mut w,
+        source,
+        alice,
+        batch,
+        ids,
+        ..
+    } = batch_of_two();
     let refused = error_body("invalid_params", None);
-    w.outcome(s, &b.task, b.attempt, Outcome::Error(refused));
+    w.outcome(source, &batch.task, batch.attempt, Outcome::Error(refused));
     for id in &ids {
-        let v = w.status(&alice, id).result.unwrap();
+        let v = status(&mut w, &alice, id);
         assert_eq!(status_of(&v), "failed", "{id}");
         let code = field(&v, "error").and_then(|e| field(e, "code"));
         assert_eq!(code.and_then(Value::as_str), Some("invalid_params"));
