@@ -975,6 +975,24 @@ impl RelayCore {
         answer_js(&Response::uncommitted())
     }
 
+    /// The answer of a relay whose core cannot be started (`why`), as `handle` gives it.
+    #[wasm_bindgen(js_name = cannotStart, unchecked_return_type = "Answer")]
+    pub fn cannot_start(why: &str) -> JsValue {
+        answer_js(&Response::cannot_start(why))
+    }
+
+    /// The answer to a WebSocket handshake that reached a path taking none.
+    #[wasm_bindgen(js_name = misroutedHandshake, unchecked_return_type = "Answer")]
+    pub fn misrouted_handshake() -> JsValue {
+        answer_js(&Response::misrouted_handshake())
+    }
+
+    /// The answer to a backup on a host that writes none (`why`: where its data is backed up).
+    #[wasm_bindgen(js_name = noBackup, unchecked_return_type = "Answer")]
+    pub fn no_backup(why: &str) -> JsValue {
+        answer_js(&Response::no_backup(why))
+    }
+
     /// The refusal of a typed call lost before it committed (a trap): the `Error` the typed
     /// calls throw, its `payload` the `internal` Failure.
     #[wasm_bindgen(js_name = uncommittedFailure)]

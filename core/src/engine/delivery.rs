@@ -181,15 +181,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         }
         peer.in_flight += 1;
         self.save_peer(&target, &peer);
-        t.attempt += 1;
-        t.sent_at = self.now;
-        t.state = TaskState::InFlight;
-        t.next_at = self
-            .now
-            .saturating_add(self.cfg.attempt_timeout)
-            .min(t.deadline);
-        t.carries = Vec::new();
-        t.rides = None;
+        self.start_attempt(&mut t, None);
         let target_id = crate::wire::identity::RelayId::parse(&target).map_err(|e| {
             Error::new(
                 ErrorCode::Internal,
@@ -241,6 +233,20 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
         self.reindex(id, old, &t);
         self.save_task(id, &t);
         Ok(())
+    }
+
+    /// A task's next attempt leaves now, alone or riding in `rides`'s batch: in flight until
+    /// its own attempt timeout, bounded by its own deadline, as if it went alone.
+    fn start_attempt(&self, t: &mut TaskRec, rides: Option<&str>) {
+        t.attempt += 1;
+        t.sent_at = self.now;
+        t.state = TaskState::InFlight;
+        t.next_at = self
+            .now
+            .saturating_add(self.cfg.attempt_timeout)
+            .min(t.deadline);
+        t.carries = Vec::new();
+        t.rides = rides.map(str::to_string);
     }
 
     /// Rule 8 of [`batch`]: the item whose attempt times out last reports the exchange and
@@ -345,16 +351,7 @@ impl<S: Storage, E: Entropy> Ctx<'_, S, E> {
             self.txn.delete(key);
             self.txn.delete(k::parked(&r.target, r.park_order, &rid));
             let old = self.slot(&r);
-            r.attempt += 1;
-            r.sent_at = self.now;
-            r.state = TaskState::InFlight;
-            // Its own attempt timeout, bounded by its own deadline, as if it went alone.
-            r.next_at = self
-                .now
-                .saturating_add(self.cfg.attempt_timeout)
-                .min(r.deadline);
-            r.carries = Vec::new();
-            r.rides = Some(lead.to_string());
+            self.start_attempt(&mut r, Some(lead));
             self.reindex(&rid, old, &r);
             self.save_task(&rid, &r);
             riders.push((rid, r));

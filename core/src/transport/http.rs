@@ -303,6 +303,29 @@ impl Response {
         Response::json(503, BUSY.to_vec(), Vec::new())
     }
 
+    /// 503: the relay's core cannot be started here (a store it must not open, a bad
+    /// configuration, a trap it did not recover from); `why` says which. Retry later.
+    pub fn cannot_start(why: &str) -> Response {
+        Response::fail(
+            ErrorCode::Unavailable,
+            &format!("the relay cannot start: {why}"),
+        )
+    }
+
+    /// 400: a WebSocket handshake reached a path that takes none (a host hands handshakes
+    /// to the core only as HTTP upgrades).
+    pub fn misrouted_handshake() -> Response {
+        Response::fail(
+            ErrorCode::InvalidParams,
+            "a WebSocket handshake comes as an HTTP upgrade",
+        )
+    }
+
+    /// 404: this host has no backup of its own to write (`why`: where its data is backed up).
+    pub fn no_backup(why: &str) -> Response {
+        Response::fail(ErrorCode::NotFound, &format!("backup: {why}"))
+    }
+
     /// 500: the call was lost before it committed; nothing was accepted.
     pub fn uncommitted() -> Response {
         Response::json(500, UNCOMMITTED.to_vec(), Vec::new())

@@ -66,9 +66,7 @@ class Turns {
 const GROUP_CAP = 64;
 
 /** The error body of protocol.md §4, for what the host answers itself. */
-const json = (status, value) => new Response(JSON.stringify(value), { status, headers: { 'content-type': 'application/json' } });
 const text = (status, body, type = 'text/plain; charset=utf-8') => new Response(body, { status, headers: { 'content-type': type } });
-const errorBody = (code, message) => ({ error: { code, message } });
 
 /** @param {string} s base64url @returns {Uint8Array} */
 function unb64u(s) {
@@ -312,6 +310,11 @@ export class RelayShard extends DurableObject {
     if (this.index.get() !== n) this.index.set(n);
   }
 
+  /** The core's answer while this object has no core: why it cannot start. */
+  #cannotStart() {
+    return RelayCore.cannotStart(this.broken ?? 'the core trapped');
+  }
+
   /** The RelayCore of this generation, made over the storage when missing; null when none can be made. */
   #ensure() {
     if (this.core && this.gen === generation) return this.core;
@@ -474,7 +477,7 @@ export class RelayShard extends DurableObject {
       return respond(RelayCore.healthAnswer('ready', why));
     }
     // No core (a store this relay must not open, a bad configuration): every call says why.
-    if (!this.#ensure()) return json(503, errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`));
+    if (!this.#ensure()) return respond(this.#cannotStart());
     const admin = h.get(DOOR) === 'admin';
     if (admin && request.method === 'GET' && url.pathname === '/metrics') {
       const m = this.#call((c) => c.metrics(Date.now()), null);
@@ -502,10 +505,10 @@ export class RelayShard extends DurableObject {
    */
   async request(req) {
     this.#learn(req.shard);
-    if (!this.#ensure()) return answer(503, errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`));
+    if (!this.#ensure()) return this.#cannotStart();
     const s = await this.handle(req);
     // An upgrade never comes this way (the Worker sends handshakes by fetch).
-    if ('upgrade' in s) return answer(400, errorBody('invalid_params', 'a WebSocket handshake comes by fetch'));
+    if ('upgrade' in s) return RelayCore.misroutedHandshake();
     return { status: s.status, headers: s.headers, body: s.body };
   }
 
@@ -523,7 +526,7 @@ export class RelayShard extends DurableObject {
       },
       {
         parking: this.parking,
-        backup: async () => answer(404, errorBody('not_found', 'backup: the edge host keeps no database file of its own; Durable Object storage is backed up by the platform')),
+        backup: async () => RelayCore.noBackup('the edge host keeps no database file of its own; Durable Object storage is backed up by the platform'),
         run: (events) => this.#run(events),
         uncommitted,
       },
@@ -695,7 +698,7 @@ export class RelayShard extends DurableObject {
    */
   async sibling(k, url, body) {
     this.#learn(k);
-    if (!this.#ensure()) return { status: 503, body: encoder.encode(JSON.stringify(errorBody('unavailable', `the relay cannot start: ${this.broken ?? 'the core trapped'}`))) };
+    if (!this.#ensure()) return this.#cannotStart();
     const out = await this.#grouped((c) => c.sibling(url, body, Date.now()));
     const s = out === null ? uncommitted() : out;
     this.#run(s.effects);
@@ -755,10 +758,6 @@ function respond(a) {
   return new Response(a.body.byteLength ? a.body : null, { status: a.status, headers: a.headers });
 }
 
-/** An answer the host makes itself, as `handle` returns answers. */
-function answer(status, value) {
-  return { status, headers: { 'content-type': 'application/json' }, body: encoder.encode(JSON.stringify(value)) };
-}
 
 /** Sends a frame unless the socket is gone. @param {WebSocket} ws @param {string} frame */
 function trySend(ws, frame) {
