@@ -382,3 +382,43 @@ fn the_effect_names_every_item_it_carries() {
         );
     }
 }
+
+#[test]
+fn the_item_that_times_out_last_reports_the_batch_so_no_answer_is_lost() {
+    let mut w = World::new(49);
+    let s = w.relay_with("source", |c| {
+        c.max_in_flight_per_destination = 1;
+        c.policies.message_delivery_age_limit = 60_000;
+    });
+    let d = w.relay("dest");
+    let alice = w.account(s, 1, true);
+    let bob = w.account(d, 1, true);
+    w.publish_route(s, &bob);
+    w.advance(120_000);
+    send(&mut w, &alice, &bob);
+    let lone = w.take_outbox().remove(0);
+    // The first to wait has 10 s left before its deadline; the next has a minute.
+    let near = Msg {
+        created_offset: -50_000,
+        ..Msg::default()
+    };
+    let m = w.message(&alice, 0, &bob, "near", &near);
+    w.send(&alice, 0, &m).result.unwrap();
+    let near_id = message_id(&m);
+    let far_id = send(&mut w, &alice, &bob);
+    w.carry(lone);
+    let b = w.take_outbox().remove(0);
+    assert_eq!(b.method, PeerMethod::DeliverBatch);
+    assert!(
+        b.task.ends_with(&far_id),
+        "the later timeout reports: {}",
+        b.task
+    );
+    assert!(b.riders.iter().any(|(t, _)| t.ends_with(&near_id)));
+    // Past the near deadline, the answer still reaches the item that waits for it.
+    w.advance_without_network(15_000);
+    w.carry(b);
+    let v = status(&mut w, &alice, &far_id);
+    assert_eq!(status_of(&v), "target_accepted", "{v:?}");
+    assert_eq!(status_of(&status(&mut w, &alice, &near_id)), "failed");
+}
